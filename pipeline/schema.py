@@ -1,0 +1,90 @@
+"""Column names and Arrow schemas of the flowing batches and of the output tables.
+
+The output contract lives in DESIGN.md; this module is its single source in code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+# Flowing document batch (after read)
+DOC_ID = "doc_id"
+TEXT = "text"
+
+# Sentence rows (after sentencize / embed / classify)
+SENT_INDEX = "sent_index"
+START_CHAR = "start_char"
+END_CHAR = "end_char"
+EMBEDDING = "embedding"
+N_TOKENS = "n_tokens"
+TRUNCATED = "truncated"
+LABEL = "label"
+SCORE = "score"
+PROBS = "probs"  # internal: the full probability vector, aggregated per document
+
+STAGES = ("sentencize", "embed", "classify")
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("error_type", pa.string(), nullable=False),
+        pa.field("message", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+    ]
+)
+
+
+def error_table(rows: Iterable[dict[str, str]]) -> pa.Table:
+    """Error rows (doc_id, stage, error_type, message, batch_id) as a table."""
+    return pa.Table.from_pylist(list(rows), schema=ERRORS_SCHEMA)
+
+
+def empty_errors() -> pa.Table:
+    return ERRORS_SCHEMA.empty_table()
+
+
+def label_count_column(label: str) -> str:
+    """Documents-table column counting sentences with ``label``: ``n_<label, snake_case>``."""
+    slug = re.sub(r"[^0-9a-zA-Z]+", "_", label).strip("_").lower() or "label"
+    return f"n_{slug}"
+
+
+def documents_schema(labels: list[str]) -> pa.Schema:
+    fields = [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("n_sentences", pa.int32(), nullable=False),
+        pa.field("n_truncated", pa.int32(), nullable=False),
+    ]
+    fields += [pa.field(label_count_column(lb), pa.int32(), nullable=False) for lb in labels]
+    fields += [
+        pa.field("top_label", pa.string()),
+        pa.field("top_score", pa.float32()),
+        pa.field("batch_id", pa.string(), nullable=False),
+    ]
+    return pa.schema(fields)
+
+
+def sentences_schema(embedding_dim: int | None) -> pa.Schema:
+    fields = [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field(SENT_INDEX, pa.int32(), nullable=False),
+        pa.field(START_CHAR, pa.int64(), nullable=False),
+        pa.field(END_CHAR, pa.int64(), nullable=False),
+        pa.field(TEXT, pa.string(), nullable=False),
+        pa.field(LABEL, pa.string(), nullable=False),
+        pa.field(SCORE, pa.float32(), nullable=False),
+        pa.field(N_TOKENS, pa.int32(), nullable=False),
+        pa.field(TRUNCATED, pa.bool_(), nullable=False),
+    ]
+    if embedding_dim is not None:
+        fields.append(pa.field(EMBEDDING, pa.list_(pa.float32(), embedding_dim)))
+    for stage in STAGES:
+        fields.append(pa.field(f"{stage}_backend", pa.string(), nullable=False))
+    for stage in STAGES:
+        fields.append(pa.field(f"{stage}_model", pa.string(), nullable=False))
+    return pa.schema(fields)

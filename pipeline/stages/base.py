@@ -1,0 +1,117 @@
+"""The stage protocol, the driver-side chain check, and per-document failure isolation."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.batch import Batch
+from pipeline.errors import ChainError
+from pipeline.schema import DOC_ID, error_table
+
+MAX_MESSAGE_CHARS = 2_000  # error messages are for people; a traceback-sized cap is plenty
+
+
+class Stage(ABC):
+    """A model stage.
+
+    ``__init__`` stores config only (cheap, picklable); ``setup()`` loads the model once per
+    actor from local files; ``__call__`` maps a table to a table; ``teardown()`` frees it.
+    After ``setup()``, ``backend`` names how it runs (``cpu-fp32``…) and ``version`` names
+    the model it runs.
+    """
+
+    name: ClassVar[str]
+    input_columns: ClassVar[tuple[str, ...]]
+    output_columns: ClassVar[tuple[str, ...]]
+    # Columns of the input that the output carries along unchanged.
+    keeps_input: ClassVar[bool] = True
+
+    backend: str = "unset"
+    version: str = "unset"
+
+    @abstractmethod
+    def setup(self) -> None: ...
+
+    @abstractmethod
+    def __call__(self, table: pa.Table) -> pa.Table: ...
+
+    def teardown(self) -> None:  # noqa: B027 - optional hook, most stages free nothing
+        """Free model memory; the default has nothing to free."""
+
+
+def check_chain(source_columns: Sequence[str], stages: Sequence[Stage]) -> list[str]:
+    """Check, before any cluster work, that every stage's inputs exist; return final columns."""
+    columns = list(source_columns)
+    for stage in stages:
+        missing = [c for c in stage.input_columns if c not in columns]
+        if missing:
+            raise ChainError(
+                f"stage {stage.name!r} needs column(s) {missing}, but the stages before it "
+                f"only produce {columns}; reorder the stages or add the missing one"
+            )
+        kept = columns if stage.keeps_input else []
+        columns = kept + [c for c in stage.output_columns if c not in kept]
+    return columns
+
+
+def _describe(exc: BaseException) -> str:
+    msg = str(exc) or repr(exc)
+    return msg if len(msg) <= MAX_MESSAGE_CHARS else msg[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def _isolate(stage: Stage, table: pa.Table, batch_id: str) -> tuple[list[pa.Table], list[dict]]:
+    """Run ``stage`` on ``table``; when it raises, bisect by document down to one document.
+
+    A document that still fails alone becomes an error row; every other document of the
+    batch gets its results. Costs ~2·log2(n) extra calls per poison document.
+    """
+    try:
+        return [stage(table)], []
+    except Exception as exc:  # per-document failures must become error rows, not a crash
+        ids = pc.unique(table[DOC_ID])
+        if len(ids) <= 1:
+            doc = ids[0].as_py() if len(ids) else "<empty>"
+            row = {
+                DOC_ID: doc,
+                "stage": stage.name,
+                "error_type": type(exc).__name__,
+                "message": _describe(exc),
+                "batch_id": batch_id,
+            }
+            return [], [row]
+        half = len(ids) // 2
+        outs: list[pa.Table] = []
+        errs: list[dict] = []
+        for part in (ids[:half], ids[half:]):
+            sub = table.filter(pc.is_in(table[DOC_ID], value_set=part))
+            o, e = _isolate(stage, sub, batch_id)
+            outs += o
+            errs += e
+        return outs, errs
+
+
+def run_stage(stage: Stage, batch: Batch) -> Batch:
+    """Apply ``stage`` to ``batch.table`` with failure isolation; record time and backend."""
+    t0 = time.perf_counter()
+    outs, errs = _isolate(stage, batch.table, batch.batch_id)
+    if not outs:  # every document failed: an empty table with the stage's output schema
+        outs = [stage(batch.table.slice(0, 0))]
+    table = pa.concat_tables(outs) if len(outs) > 1 else outs[0]
+    errors = batch.errors
+    if errs:
+        errors = pa.concat_tables([errors, error_table(errs)])
+    return Batch(
+        batch_id=batch.batch_id,
+        doc_ids=batch.doc_ids,
+        table=table,
+        errors=errors,
+        seconds={**batch.seconds, stage.name: time.perf_counter() - t0},
+        backends={**batch.backends, stage.name: stage.backend},
+        versions={**batch.versions, stage.name: stage.version},
+    )

@@ -1,0 +1,105 @@
+"""Sentence labels from a Keras classifier over the embeddings (TensorFlow backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import ClassifyConfig
+from pipeline.errors import ModelError
+from pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE
+from pipeline.stages.base import Stage
+from pipeline.versions import fingerprint
+
+MODEL_FILE = "model.keras"
+LABELS_FILE = "labels.json"
+TRAINING_FILE = "training.json"  # what the head was trained on (embedder version, dim)
+METRICS_FILE = "metrics.json"
+
+
+def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """Label names and training record of a classifier folder, without importing TF."""
+    for f in (MODEL_FILE, LABELS_FILE, TRAINING_FILE):
+        if not (model_dir / f).is_file():
+            raise ModelError(
+                f"classifier folder {model_dir} has no {f}; expected {MODEL_FILE}, "
+                f"{LABELS_FILE} and {TRAINING_FILE} as written by `docintel train`"
+            )
+    try:
+        labels = json.loads((model_dir / LABELS_FILE).read_text())
+        training = json.loads((model_dir / TRAINING_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"classifier metadata in {model_dir} is not valid JSON: {e}") from e
+    if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        raise ModelError(f"{model_dir / LABELS_FILE} must be a JSON list of label names")
+    return labels, training
+
+
+def load_keras(path: Path, threads: int = 0) -> Any:
+    """Load a ``.keras`` file with the TensorFlow backend (imports TF)."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    import keras
+
+    try:
+        return keras.saving.load_model(str(path), compile=False)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"could not load the Keras classifier {path}: {e}") from e
+
+
+class Classifier(Stage):
+    name: ClassVar[str] = "classify"
+    input_columns: ClassVar[tuple[str, ...]] = (EMBEDDING,)
+    output_columns: ClassVar[tuple[str, ...]] = (LABEL, SCORE, PROBS)
+
+    def __init__(self, cfg: ClassifyConfig, threads: int = 0) -> None:
+        self.cfg = cfg
+        self.threads = threads
+        self.model: Any = None
+        self.labels: list[str] = []
+
+    def setup(self) -> None:
+        model_dir = self.cfg.resolved_model_dir()
+        self.labels, _ = read_classifier_meta(model_dir)
+        self.model = load_keras(model_dir / MODEL_FILE, self.threads)
+        n_out = int(self.model.output_shape[-1])
+        if n_out != len(self.labels):
+            raise ModelError(f"{model_dir / MODEL_FILE} outputs {n_out} classes but "
+                             f"{LABELS_FILE} names {len(self.labels)}")
+        self.input_dim = int(self.model.input_shape[-1])
+        self.backend = "cpu-fp32"
+        self.version = fingerprint(model_dir)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[1] != self.input_dim:
+            raise ModelError(f"classifier expects {self.input_dim}-d embeddings, got {x.shape[1]}")
+        parts = [
+            np.asarray(self.model(x[i : i + self.cfg.batch_size], training=False))
+            for i in range(0, len(x), self.cfg.batch_size)
+        ]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), np.float32)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        emb = table[EMBEDDING].combine_chunks()
+        dim = emb.type.list_size
+        x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        probs = self.predict(x).astype(np.float32)
+        best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+        labels = pa.array(np.asarray(self.labels, dtype=object)[best].tolist(), pa.string())
+        score = pa.array(probs[np.arange(len(probs)), best], pa.float32())
+        flat = pa.array(probs.reshape(-1), pa.float32())
+        table = table.append_column(LABEL, labels).append_column(SCORE, score)
+        return table.append_column(PROBS, pa.FixedSizeListArray.from_arrays(flat, len(self.labels)))
+
+    def teardown(self) -> None:
+        self.model = None

@@ -1,0 +1,157 @@
+"""Sentence embeddings from a BERT-family encoder (transformers + PyTorch).
+
+Mean pooling over the attention mask, then L2 normalisation: the sentence-transformers
+recipe for all-MiniLM-L6-v2. Sentences are sorted by token length and packed into
+micro-batches under a padded-token budget, so padding stays small.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import EmbedConfig
+from pipeline.errors import ModelError
+from pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
+from pipeline.stages.base import Stage
+from pipeline.versions import fingerprint
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def check_encoder_dir(path: Path) -> None:
+    """Fail with a clear message unless ``path`` holds a transformers encoder + tokenizer."""
+    if not path.is_dir():
+        raise ModelError(
+            f"embedding model folder {path} does not exist; set [embed] model_path to a local "
+            "Hugging Face model folder (config.json, tokenizer files, model.safetensors)"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelError(f"embedding model folder {path} has no config.json; expected a "
+                         "Hugging Face model folder (config.json, tokenizer, weights)")
+    if not any((path / w).is_file() for w in _WEIGHT_FILES):
+        raise ModelError(f"embedding model folder {path} has no weights; expected one of "
+                         f"{', '.join(_WEIGHT_FILES)}")
+
+
+def embedding_dim(path: Path) -> int:
+    """The encoder's hidden size, read from config.json without importing torch."""
+    import json
+
+    check_encoder_dir(path)
+    cfg = json.loads((path / "config.json").read_text())
+    for key in ("hidden_size", "d_model", "dim"):
+        if key in cfg:
+            return int(cfg[key])
+    raise ModelError(f"{path / 'config.json'} names no hidden_size; is it an encoder model?")
+
+
+def pack_by_length(lengths: list[int], token_budget: int, max_items: int) -> list[list[int]]:
+    """Indices sorted longest first, packed so that ``len(group) * longest <= token_budget``."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        size = len(current) + 1
+        if current and (size > max_items or size * longest > token_budget):
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class Embedder(Stage):
+    name: ClassVar[str] = "embed"
+    input_columns: ClassVar[tuple[str, ...]] = (TEXT,)
+    output_columns: ClassVar[tuple[str, ...]] = (EMBEDDING, N_TOKENS, TRUNCATED)
+
+    def __init__(self, cfg: EmbedConfig, replicas: int = 1) -> None:
+        self.cfg = cfg
+        self.replicas = replicas
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.dim = 0
+
+    def setup(self) -> None:
+        path = self.cfg.resolved_model_path()
+        check_encoder_dir(path)
+        import torch
+        import transformers
+        from transformers import AutoModel, AutoTokenizer
+
+        # Truncation is ours (flagged per sentence), so the tokenizer's over-length warning
+        # is noise; so is the weight-loading progress bar in every actor's log.
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+        threads = self.cfg.torch_threads or max(1, (os.cpu_count() or 1) // self.replicas)
+        torch.set_num_threads(threads)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+            self.model = AutoModel.from_pretrained(str(path)).eval()
+        except (OSError, ValueError) as e:
+            raise ModelError(f"could not load a transformers encoder from {path}: {e}") from e
+        self.dim = int(self.model.config.hidden_size)
+        # never beyond what the tokenizer (and so the position table) was built for
+        self.max_length = min(self.cfg.max_length, int(self.tokenizer.model_max_length))
+        # how many special tokens the tokenizer puts before and after a text ([CLS] … [SEP])
+        probe = self.tokenizer("a")["input_ids"]
+        special = set(self.tokenizer.all_special_ids)
+        self.n_lead = next(i for i, t in enumerate(probe) if t not in special)
+        self.n_tail = next(i for i, t in enumerate(reversed(probe)) if t not in special)
+        self.uses_token_types = "token_type_ids" in self.tokenizer.model_input_names
+        self.backend = "cpu-fp32"
+        self.version = fingerprint(path)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
+        import torch
+
+        full = self.tokenizer(texts, truncation=False)["input_ids"]
+        limit = self.max_length
+        truncated = np.array([len(x) > limit for x in full], dtype=bool)
+        room = limit - self.n_lead - self.n_tail  # keep [CLS] … [SEP] around a cut body
+        ids = [
+            x if len(x) <= limit else x[: self.n_lead + room] + x[len(x) - self.n_tail :]
+            for x in full
+        ]
+        lengths = [len(x) for x in ids]
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode():
+            for group in pack_by_length(lengths, self.cfg.token_budget, self.cfg.max_microbatch):
+                width = lengths[group[0]]
+                input_ids = torch.full((len(group), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(group), width), dtype=torch.long)
+                for row, i in enumerate(group):
+                    input_ids[row, : lengths[i]] = torch.tensor(ids[i])
+                    mask[row, : lengths[i]] = 1
+                kwargs = {"input_ids": input_ids, "attention_mask": mask}
+                if self.uses_token_types:
+                    kwargs["token_type_ids"] = torch.zeros_like(input_ids)
+                hidden = self.model(**kwargs).last_hidden_state
+                m = mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+                out[group] = pooled.numpy()
+        return out, np.array(lengths, dtype=np.int32), truncated
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        vectors, n_tokens, truncated = self.encode(table[TEXT].to_pylist())
+        flat = pa.array(vectors.reshape(-1), type=pa.float32())
+        emb = pa.FixedSizeListArray.from_arrays(flat, self.dim)
+        for name, col in ((EMBEDDING, emb), (N_TOKENS, pa.array(n_tokens)),
+                          (TRUNCATED, pa.array(truncated))):
+            table = table.append_column(name, col)
+        return table
+
+    def teardown(self) -> None:
+        self.model = None
+        self.tokenizer = None

@@ -1,0 +1,111 @@
+"""Sentence splitting with spaCy, keeping character offsets into the original text."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from pipeline.config import SentencizeConfig
+from pipeline.errors import ModelError
+from pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
+from pipeline.stages.base import Stage
+
+_SENT_COMPONENTS = ("parser", "senter", "sentencizer")
+_LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
+
+SENTENCES_SCHEMA = pa.schema(
+    [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field(SENT_INDEX, pa.int32(), nullable=False),
+        pa.field(START_CHAR, pa.int64(), nullable=False),
+        pa.field(END_CHAR, pa.int64(), nullable=False),
+        pa.field(TEXT, pa.string(), nullable=False),
+    ]
+)
+
+
+def chunk_spans(text: str, limit: int) -> list[tuple[int, int]]:
+    """Cut ``text`` into spans of at most ``limit`` chars, at the last whitespace if any."""
+    spans = []
+    start = 0
+    while len(text) - start > limit:
+        window = text[start : start + limit]
+        m = _LAST_SPACE.search(window)
+        cut = start + (m.start() + 1 if m and m.start() > limit // 2 else limit)
+        spans.append((start, cut))
+        start = cut
+    spans.append((start, len(text)))
+    return spans
+
+
+def load_spacy(name: str) -> Any:
+    """``blank:<lang>`` = blank pipeline + rule-based sentencizer; else an installed pipeline."""
+    import spacy
+
+    if name.startswith("blank:"):
+        nlp = spacy.blank(name.split(":", 1)[1])
+    else:
+        try:
+            nlp = spacy.load(name)
+        except OSError as e:
+            raise ModelError(
+                f"spaCy pipeline {name!r} is not installed (spaCy said: {e}); install its "
+                "package, or set [sentencize] spacy_model = \"blank:en\" for the rule-based "
+                "sentencizer"
+            ) from e
+    if not any(nlp.has_pipe(c) for c in _SENT_COMPONENTS):
+        nlp.add_pipe("sentencizer")
+    return nlp
+
+
+class Sentencizer(Stage):
+    name: ClassVar[str] = "sentencize"
+    input_columns: ClassVar[tuple[str, ...]] = (DOC_ID, TEXT)
+    output_columns: ClassVar[tuple[str, ...]] = (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR, TEXT)
+    keeps_input: ClassVar[bool] = False  # one row per sentence replaces one row per document
+
+    def __init__(self, cfg: SentencizeConfig) -> None:
+        self.cfg = cfg
+        self.nlp: Any = None
+
+    def setup(self) -> None:
+        import spacy
+
+        self.nlp = load_spacy(self.cfg.spacy_model)
+        self.nlp.max_length = self.cfg.chunk_chars + 1
+        meta = self.nlp.meta
+        self.backend = "cpu-fp32"
+        pipe = f"{meta['lang']}_{meta['name']}-{meta['version']}"
+        self.version = f"spacy-{spacy.__version__}:{pipe}"
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        doc_ids = table[DOC_ID].to_pylist()
+        texts = table[TEXT].to_pylist()
+        # (doc position, chunk offset, chunk text) for every non-blank chunk of every doc
+        jobs: list[tuple[int, int, str]] = []
+        for i, text in enumerate(texts):
+            if text is None or not text.strip():
+                continue
+            for a, b in chunk_spans(text, self.cfg.chunk_chars):
+                jobs.append((i, a, text[a:b]))
+        out: dict[str, list] = {c: [] for c in self.output_columns}
+        counters = [0] * len(texts)
+        for (i, offset, _), doc in zip(jobs, self.nlp.pipe(j[2] for j in jobs), strict=True):
+            for sent in doc.sents:
+                raw = sent.text
+                stripped = raw.strip()
+                if not stripped:
+                    continue
+                start = offset + sent.start_char + (len(raw) - len(raw.lstrip()))
+                out[DOC_ID].append(doc_ids[i])
+                out[SENT_INDEX].append(counters[i])
+                out[START_CHAR].append(start)
+                out[END_CHAR].append(start + len(stripped))
+                out[TEXT].append(stripped)
+                counters[i] += 1
+        return pa.Table.from_pydict(out, schema=SENTENCES_SCHEMA)
+
+    def teardown(self) -> None:
+        self.nlp = None

@@ -1,0 +1,207 @@
+"""Train and evaluate the Keras classifier head over frozen sentence embeddings.
+
+`docintel train DATA --out DIR` embeds the texts with the configured embedder (the same
+Embedder stage the pipeline runs), fits a small Keras MLP with class weighting, and writes
+``model.keras``, ``labels.json``, ``training.json`` and ``metrics.json`` (held-out split).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from pipeline.config import EmbedConfig
+from pipeline.errors import InputError
+from pipeline.stages.classify import LABELS_FILE, METRICS_FILE, MODEL_FILE, TRAINING_FILE
+
+HOLDOUT_FRACTION = 0.1  # of the training file, stratified: early stopping + reported metrics
+SEED = 0
+
+
+@dataclass(frozen=True)
+class HeadParams:
+    """Hyperparameters of the classifier head (see README, "Classifier")."""
+
+    hidden: tuple[int, ...] = (512, 256)
+    dropout: float = 0.3
+    learning_rate: float = 1e-3
+    weight_decay: float = 1e-4
+    label_smoothing: float = 0.05
+    batch_size: int = 64
+    max_epochs: int = 60
+    patience: int = 8
+
+
+def load_labelled(path: Path, text_column: str = "text", label_column: str = "label"
+                  ) -> tuple[list[str], list[str]]:
+    """Texts and string labels from a CSV or Parquet file."""
+    try:
+        if path.suffix.lower() == ".csv":
+            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                column_types={text_column: pa.string(), label_column: pa.string()}))
+        else:
+            table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(f"cannot read labelled data {path}: {e}") from e
+    for col in (text_column, label_column):
+        if col not in table.column_names:
+            raise InputError(f"labelled data {path} has no column {col!r}; its columns are: "
+                             f"{', '.join(table.column_names)}")
+    texts = table[text_column].cast(pa.string()).to_pylist()
+    labels = table[label_column].cast(pa.string()).to_pylist()
+    keep = [i for i, (t, y) in enumerate(zip(texts, labels, strict=True)) if t and y is not None]
+    return [texts[i] for i in keep], [labels[i] for i in keep]
+
+
+def apply_label_names(labels: list[str], names: list[str] | None) -> list[str]:
+    """Map integer label ids to names (``--label-names``); string labels pass through."""
+    if not names:
+        return labels
+    try:
+        return [names[int(y)] for y in labels]
+    except (ValueError, IndexError) as e:
+        raise InputError(f"--label-names gives {len(names)} names but the data has label "
+                         f"values {sorted(set(labels))[:10]}") from e
+
+
+def embed_texts(texts: list[str], cfg: EmbedConfig) -> tuple[np.ndarray, str]:
+    """Embeddings of whole texts with the pipeline's Embedder, and the embedder version."""
+    from pipeline.stages.embed import Embedder
+
+    emb = Embedder(cfg)
+    emb.setup()
+    vectors, _, _ = emb.encode(texts)
+    return vectors, emb.version
+
+
+def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    hold = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        hold.extend(idx[: max(1, round(len(idx) * fraction))])
+    mask = np.zeros(len(y), dtype=bool)
+    mask[hold] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def metrics(y_true: np.ndarray, y_pred: np.ndarray, names: list[str]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix."""
+    k = len(names)
+    cm = np.zeros((k, k), dtype=np.int64)
+    np.add.at(cm, (y_true, y_pred), 1)
+    per_class = {}
+    f1s = []
+    for i, name in enumerate(names):
+        tp = cm[i, i]
+        prec = tp / cm[:, i].sum() if cm[:, i].sum() else 0.0
+        rec = tp / cm[i, :].sum() if cm[i, :].sum() else 0.0
+        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        f1s.append(f1)
+        per_class[name] = {"precision": float(prec), "recall": float(rec), "f1": float(f1),
+                           "support": int(cm[i, :].sum())}
+    return {
+        "n": len(y_true),
+        "accuracy": float(np.trace(cm) / max(1, cm.sum())),
+        "macro_f1": float(np.mean(f1s)),
+        "per_class": per_class,
+        "confusion_matrix": {"labels": names, "rows_true_cols_pred": cm.tolist()},
+    }
+
+
+def fit_head(x: np.ndarray, y: np.ndarray, x_hold: np.ndarray, y_hold: np.ndarray,
+             n_classes: int, params: HeadParams, seed: int) -> Any:
+    """A Keras MLP (standardised input, class-weighted loss), early-stopped on the hold-out."""
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    norm = keras.layers.Normalization()
+    norm.adapt(x)
+    inputs = keras.Input(shape=(x.shape[1],), name="embedding")
+    h = norm(inputs)
+    for units in params.hidden:
+        h = keras.layers.Dense(units, activation="gelu")(h)
+        h = keras.layers.Dropout(params.dropout)(h)
+    outputs = keras.layers.Dense(n_classes, activation="softmax", name="probs")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(params.learning_rate, weight_decay=params.weight_decay),
+        loss=keras.losses.CategoricalCrossentropy(label_smoothing=params.label_smoothing),
+    )
+    counts = np.bincount(y, minlength=n_classes)
+    class_weight = {c: len(y) / (n_classes * max(1, n)) for c, n in enumerate(counts)}
+    model.fit(
+        x, keras.utils.to_categorical(y, n_classes),
+        validation_data=(x_hold, keras.utils.to_categorical(y_hold, n_classes)),
+        batch_size=params.batch_size, epochs=params.max_epochs, class_weight=class_weight,
+        callbacks=[keras.callbacks.EarlyStopping(patience=params.patience,
+                                                 restore_best_weights=True)],
+        verbose=0,
+    )
+    return model
+
+
+def train(data: Path, out: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None,
+          params: HeadParams | None = None, seed: int = SEED) -> dict[str, Any]:
+    """Train a head on ``data`` and write the classifier folder ``out``; return metrics."""
+    params = params or HeadParams()
+    t0 = time.perf_counter()
+    texts, raw = load_labelled(data)
+    if not texts:
+        raise InputError(f"labelled data {data} has no rows with both text and label")
+    labels = apply_label_names(raw, label_names)
+    names = label_names or sorted(set(labels))
+    index = {n: i for i, n in enumerate(names)}
+    y = np.array([index[lb] for lb in labels], dtype=np.int64)
+    x, embedder = embed_texts(texts, embed_cfg)
+    t_embed = time.perf_counter() - t0
+    tr, ho = stratified_split(y, HOLDOUT_FRACTION, seed)
+    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(names), params, seed)
+    pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
+    result = metrics(y[ho], pred, names)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / MODEL_FILE)
+    (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
+    (out / TRAINING_FILE).write_text(json.dumps({
+        "data": data.name, "rows": len(texts), "train_rows": len(tr), "holdout_rows": len(ho),
+        "embedder": embedder, "embedding_dim": int(x.shape[1]), "seed": seed,
+        "params": {k: list(v) if isinstance(v, tuple) else v
+                   for k, v in params.__dict__.items()},
+        "seconds": {"embed": round(t_embed, 1), "total": round(time.perf_counter() - t0, 1)},
+    }, indent=2) + "\n")
+    (out / METRICS_FILE).write_text(json.dumps({"split": "holdout", **result}, indent=2) + "\n")
+    return result
+
+
+def evaluate(model_dir: Path, data: Path, embed_cfg: EmbedConfig,
+             label_names: list[str] | None = None) -> dict[str, Any]:
+    """Metrics of the classifier in ``model_dir`` on a labelled file."""
+    from pipeline.config import ClassifyConfig
+    from pipeline.stages.classify import Classifier
+
+    texts, raw = load_labelled(data)
+    clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))
+    clf.setup()
+    integer_ids = all(r.isdigit() for r in raw)
+    labels = apply_label_names(raw, (label_names or clf.labels) if integer_ids else None)
+    unknown = sorted(set(labels) - set(clf.labels))
+    if unknown:
+        raise InputError(f"{data} has labels {unknown} that {model_dir} does not know "
+                         f"({clf.labels}); pass --label-names to map integer ids")
+    index = {n: i for i, n in enumerate(clf.labels)}
+    x, _ = embed_texts(texts, embed_cfg)
+    pred = clf.predict(x).argmax(axis=1)
+    return metrics(np.array([index[lb] for lb in labels]), pred, clf.labels)
