@@ -116,11 +116,13 @@ class Executor:
             self._dispatch(queues, pending)
             if not pending:
                 break
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_TIMEOUT_S,
-                                fetch_local=False)
+            ready, _ = ray.wait(
+                list(pending), num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
+            )
             if ready:  # collect everything else that finished meanwhile, without blocking
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0,
-                                    fetch_local=False)
+                ready, _ = ray.wait(
+                    list(pending), num_returns=len(pending), timeout=0, fetch_local=False
+                )
             for ref in ready:
                 flight, stage, replica = pending.pop(ref)
                 if replica is not None:
@@ -170,4 +172,3 @@ class Executor:
 def _next(stage: str) -> str:
     i = STAGE_ORDER.index(stage)
     return STAGE_ORDER[i + 1] if i + 1 < len(STAGE_ORDER) else WRITE
-

@@ -30,8 +30,7 @@ class StageActor:
     def ready(self) -> dict[str, Any]:
         if self.setup_error is not None:
             raise self.setup_error
-        return {"backend": self.stage.backend, "version": self.stage.version,
-                "pid": os.getpid()}
+        return {"backend": self.stage.backend, "version": self.stage.version, "pid": os.getpid()}
 
     def process(self, batch: Batch) -> Batch:
         if self.setup_error is not None:

@@ -44,34 +44,57 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(code)
 
 
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help=f"TOML config file (every key is in {EXAMPLE_CONFIG}).",
-    exists=False, dir_okay=False)]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help=f"TOML config file (every key is in {EXAMPLE_CONFIG}).",
+        exists=False,
+        dir_okay=False,
+    ),
+]
 
 
 @app.command()
 def run(
-    input: Annotated[str, typer.Argument(
-        help="Parquet file, folder of Parquet files, glob ('data/*.parquet') or s3://prefix.")],
-    output: Annotated[str, typer.Argument(
-        help="Output folder or s3://prefix; gets documents/, sentences/, errors/ and "
-             "_manifest.json (written last).")],
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Parquet file, folder of Parquet files, glob ('data/*.parquet') or s3://prefix."
+        ),
+    ],
+    output: Annotated[
+        str,
+        typer.Argument(
+            help="Output folder or s3://prefix; gets documents/, sentences/, errors/ and "
+            "_manifest.json (written last)."
+        ),
+    ],
     config: ConfigOpt = None,
-    id_column: Annotated[str | None, typer.Option(help="Column with unique document ids.")
-                         ] = None,
-    text_column: Annotated[str | None, typer.Option(help="Column with the document text.")
-                           ] = None,
-    run_id: Annotated[str | None, typer.Option(
-        help="Name of the run. Rerun with the same id to resume an interrupted run.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Documents per batch.")] = None,
-    embeddings: Annotated[bool | None, typer.Option(
-        "--embeddings/--no-embeddings", help="Write the embedding column in sentences/.")
+    id_column: Annotated[str | None, typer.Option(help="Column with unique document ids.")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Column with the document text.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="Name of the run. Rerun with the same id to resume an interrupted run."),
     ] = None,
-    num_cpus: Annotated[int | None, typer.Option(
-        help="CPUs for the embedded local Ray (default: all cores).")] = None,
-    ray_address: Annotated[str | None, typer.Option(
-        help="Join a running Ray cluster ('auto' or ray://host:10001) instead of starting "
-             "an embedded one.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Documents per batch.")] = None,
+    embeddings: Annotated[
+        bool | None,
+        typer.Option(
+            "--embeddings/--no-embeddings", help="Write the embedding column in sentences/."
+        ),
+    ] = None,
+    num_cpus: Annotated[
+        int | None, typer.Option(help="CPUs for the embedded local Ray (default: all cores).")
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Join a running Ray cluster ('auto' or ray://host:10001) instead of starting "
+            "an embedded one."
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a live progress bar.")] = True,
 ) -> None:
     """Run the pipeline over INPUT and write the result tables to OUTPUT.
@@ -87,12 +110,19 @@ def run(
     from jobs.run import execute
 
     try:
-        cfg = load_config(config, {
-            "input.id_column": id_column, "input.text_column": text_column,
-            "run.run_id": run_id, "run.batch_size": batch_size, "run.embeddings": embeddings,
-            "run.num_cpus": num_cpus, "run.ray_address": ray_address,
-            "run.show_progress": None if progress else False,
-        })
+        cfg = load_config(
+            config,
+            {
+                "input.id_column": id_column,
+                "input.text_column": text_column,
+                "run.run_id": run_id,
+                "run.batch_size": batch_size,
+                "run.embeddings": embeddings,
+                "run.num_cpus": num_cpus,
+                "run.ray_address": ray_address,
+                "run.show_progress": None if progress else False,
+            },
+        )
         summary = _run_with_progress(execute, cfg, input, output)
     except DocintelError as e:
         _fail(e)
@@ -103,27 +133,31 @@ def run(
 def _run_with_progress(execute: Any, cfg: Any, input: str, output: str) -> Any:
     show = (cfg.run.show_progress and sys.stderr.isatty()) or os.environ.get("DOCINTEL_PROGRESS")
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f} docs"),
         TextColumn("{task.fields[sentences]:,} sentences"),
         TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, disable=not show, transient=False,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
+        transient=False,
     )
     state = {"task": None, "t0": time.perf_counter(), "docs": 0, "sents": 0}
 
     def on_start(total: int, done: int) -> None:
         state["t0"] = time.perf_counter()
-        state["task"] = progress.add_task("docintel", total=total, completed=done,
-                                          sentences=0, rate="")
+        state["task"] = progress.add_task(
+            "docintel", total=total, completed=done, sentences=0, rate=""
+        )
 
     def on_batch(stats: Any) -> None:
         state["docs"] += stats.documents
         state["sents"] += stats.sentences
         dt = max(1e-9, time.perf_counter() - state["t0"])
         rate = f"{state['docs'] / dt:,.1f} docs/s {state['sents'] / dt:,.1f} sent/s"
-        progress.update(state["task"], advance=stats.documents, sentences=state["sents"],
-                        rate=rate)
+        progress.update(state["task"], advance=stats.documents, sentences=state["sents"], rate=rate)
 
     with progress:
         return execute(cfg, input, output, on_start=on_start, on_batch=on_batch)
@@ -131,8 +165,10 @@ def _run_with_progress(execute: Any, cfg: Any, input: str, output: str) -> Any:
 
 def _print_summary(s: Any) -> None:
     if s.already_complete:
-        out.print(f"run {s.run_id} in {s.output} is already complete: nothing to do "
-                  f"({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} errors)")
+        out.print(
+            f"run {s.run_id} in {s.output} is already complete: nothing to do "
+            f"({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} errors)"
+        )
         return
     for w in s.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
@@ -150,21 +186,29 @@ def _print_summary(s: Any) -> None:
     for stage, sec in s.stage_seconds.items():
         t.add_row(f"time in {stage}", f"{sec:,.1f} s")
     for stage, counts in s.backends.items():
-        t.add_row(f"{stage} batches by backend",
-                  ", ".join(f"{b}: {n}" for b, n in sorted(counts.items())))
+        t.add_row(
+            f"{stage} batches by backend", ", ".join(f"{b}: {n}" for b, n in sorted(counts.items()))
+        )
     t.add_row("output", s.output)
     out.print(t)
 
 
 @app.command()
 def train(
-    data: Annotated[Path, typer.Argument(help="Labelled CSV or Parquet with text,label columns.",
-                                         exists=True, dir_okay=False)],
+    data: Annotated[
+        Path,
+        typer.Argument(
+            help="Labelled CSV or Parquet with text,label columns.", exists=True, dir_okay=False
+        ),
+    ],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the classifier.")],
     config: ConfigOpt = None,
-    label_names: Annotated[str | None, typer.Option(
-        help="Comma-separated names for integer labels 0,1,2,... (e.g. Bearish,Bullish,Neutral)."
-    )] = None,
+    label_names: Annotated[
+        str | None,
+        typer.Option(
+            help="Names for integer labels 0,1,2,... (e.g. Bearish,Bullish,Neutral)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Random seed (split and weights).")] = 0,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file.
@@ -193,12 +237,17 @@ def train(
 @app.command()
 def evaluate(
     model_dir: Annotated[Path, typer.Argument(help="Classifier folder written by `train`.")],
-    data: Annotated[Path, typer.Argument(help="Labelled CSV or Parquet (text,label).",
-                                         exists=True, dir_okay=False)],
+    data: Annotated[
+        Path,
+        typer.Argument(help="Labelled CSV or Parquet (text,label).", exists=True, dir_okay=False),
+    ],
     config: ConfigOpt = None,
-    label_names: Annotated[str | None, typer.Option(
-        help="Comma-separated names for integer labels (default: the model's label order)."
-    )] = None,
+    label_names: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated names for integer labels (default: the model's label order)."
+        ),
+    ] = None,
 ) -> None:
     """Print accuracy, macro-F1, per-class scores and the confusion matrix on DATA.
 
@@ -220,13 +269,19 @@ def evaluate(
 
 
 def _print_metrics(m: dict[str, Any], title: str) -> None:
-    t = Table(title=f"{title}: accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} "
-                    f"(n={m['n']:,})")
+    t = Table(
+        title=f"{title}: accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} (n={m['n']:,})"
+    )
     for col in ("label", "precision", "recall", "F1", "support"):
         t.add_column(col, justify="left" if col == "label" else "right")
     for name, c in m["per_class"].items():
-        t.add_row(name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", f"{c['f1']:.3f}",
-                  f"{c['support']:,}")
+        t.add_row(
+            name,
+            f"{c['precision']:.3f}",
+            f"{c['recall']:.3f}",
+            f"{c['f1']:.3f}",
+            f"{c['support']:,}",
+        )
     out.print(t)
     cm = m["confusion_matrix"]
     c = Table(title="confusion matrix (rows: true, columns: predicted)")
@@ -240,11 +295,17 @@ def _print_metrics(m: dict[str, Any], title: str) -> None:
 
 @app.command()
 def ingest(
-    folder: Annotated[Path, typer.Argument(help="Folder of .txt / .md files (searched "
-                                                "recursively).", exists=True, file_okay=False)],
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder of .txt / .md files (searched recursively).", exists=True, file_okay=False
+        ),
+    ],
     output: Annotated[Path, typer.Argument(help="Parquet file to write.", dir_okay=False)],
-    pattern: Annotated[list[str] | None, typer.Option(
-        "--pattern", help="Glob(s) of files to take (default: *.txt and *.md).")] = None,
+    pattern: Annotated[
+        list[str] | None,
+        typer.Option("--pattern", help="Glob(s) of files to take (default: *.txt and *.md)."),
+    ] = None,
 ) -> None:
     """Turn a folder of text files into a documents Parquet file (doc_id, text).
 
@@ -262,8 +323,10 @@ def ingest(
     except DocintelError as e:
         _fail(e)
         return
-    out.print(f"wrote {n:,} documents to {output}"
-              + (f" ({replaced} with undecodable bytes replaced)" if replaced else ""))
+    out.print(
+        f"wrote {n:,} documents to {output}"
+        + (f" ({replaced} with undecodable bytes replaced)" if replaced else "")
+    )
 
 
 def main() -> None:

@@ -93,15 +93,19 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
         )
     embed_version = fingerprint(embed_path)
     if training.get("embedder") != embed_version:
-        warnings.append(f"classifier {clf_dir} was trained on embeddings of "
-                        f"{training.get('embedder')}, this run embeds with {embed_version}")
+        warnings.append(
+            f"classifier {clf_dir} was trained on embeddings of "
+            f"{training.get('embedder')}, this run embeds with {embed_version}"
+        )
     name = cfg.sentencize.spacy_model
     if not name.startswith("blank:"):
         import spacy.util
 
         if not (spacy.util.is_package(name) or Path(name).is_dir()):
-            raise ModelError(f"spaCy pipeline {name!r} is not installed; install its package "
-                             "or use [sentencize] spacy_model = \"blank:en\"")
+            raise ModelError(
+                f"spaCy pipeline {name!r} is not installed; install its package "
+                'or use [sentencize] spacy_model = "blank:en"'
+            )
     versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
     return labels, versions, warnings
 
@@ -122,8 +126,11 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
 def _committed(fs: pafs.FileSystem, root: str) -> set[str]:
     sel = pafs.FileSelector(f"{root}/documents", allow_not_found=True)
     names = (info.base_name for info in fs.get_file_info(sel))
-    return {n[len("part-"):-len(".parquet")] for n in names
-            if n.startswith("part-") and n.endswith(".parquet")}
+    return {
+        n[len("part-") : -len(".parquet")]
+        for n in names
+        if n.startswith("part-") and n.endswith(".parquet")
+    }
 
 
 def _read_state(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
@@ -136,8 +143,9 @@ def _read_state(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
         return json.loads(f.read().decode())
 
 
-def open_output(p: Plan, output_uri: str, run_id: str) -> tuple[pafs.FileSystem, str, str,
-                                                                  set[str], dict | None]:
+def open_output(
+    p: Plan, output_uri: str, run_id: str
+) -> tuple[pafs.FileSystem, str, str, set[str], dict | None]:
     """Decide new run / resume / already complete. Returns fs, root, run id, skip, manifest."""
     import json
 
@@ -145,34 +153,41 @@ def open_output(p: Plan, output_uri: str, run_id: str) -> tuple[pafs.FileSystem,
     manifest = read_manifest(fs, root)
     if manifest is not None:
         if run_id and manifest["run_id"] != run_id:
-            raise UsageError(f"{output_uri} already holds completed run {manifest['run_id']!r};"
-                             " choose an empty output folder for a new run")
+            raise UsageError(
+                f"{output_uri} already holds completed run {manifest['run_id']!r};"
+                " choose an empty output folder for a new run"
+            )
         return fs, root, manifest["run_id"], set(), manifest
     state = _read_state(fs, root)
     if state is not None:
         if state["run_id"] != run_id:
             raise UsageError(
                 f"{output_uri} holds unfinished run {state['run_id']!r}; rerun with "
-                f"--run-id {state['run_id']} to resume it, or choose an empty output folder")
+                f"--run-id {state['run_id']} to resume it, or choose an empty output folder"
+            )
         if state["input"] != p.input_uri:
-            raise UsageError(f"run {run_id!r} in {output_uri} read {state['input']!r}, not "
-                             f"{p.input_uri!r}; resume it with the same input")
+            raise UsageError(
+                f"run {run_id!r} in {output_uri} read {state['input']!r}, not "
+                f"{p.input_uri!r}; resume it with the same input"
+            )
         return fs, root, run_id, _committed(fs, root), None
     if fs.get_file_info(root).type == pafs.FileType.File:
         raise UsageError(f"output {output_uri} is a file; give a folder or s3:// prefix")
     existing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     if any(i.base_name in TABLES for i in existing):
-        raise UsageError(f"output {output_uri} already holds docintel tables but no run "
-                         "state; choose an empty output folder")
+        raise UsageError(
+            f"output {output_uri} already holds docintel tables but no run "
+            "state; choose an empty output folder"
+        )
     run_id = run_id or f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    state = {"run_id": run_id, "input": p.input_uri,
-             "started": dt.datetime.now(dt.UTC).isoformat()}
+    state = {"run_id": run_id, "input": p.input_uri, "started": dt.datetime.now(dt.UTC).isoformat()}
     atomic_write(fs, f"{root}/{RUN_STATE}", json.dumps(state).encode())
     return fs, root, run_id, set(), None
 
 
 def _final_counts(fs: pafs.FileSystem, root: str) -> tuple[int, int, int, int]:
     """Count the committed tables (documents, distinct doc ids, sentences, errors)."""
+
     def ds(table: str) -> pads.Dataset:
         return pads.dataset(f"{root}/{table}", filesystem=fs, format="parquet")
 
@@ -199,8 +214,15 @@ def execute(
     fs, root, run_id, skip, manifest = open_output(p, output_uri, cfg.run.run_id)
     if manifest is not None:
         c = manifest["counts"]
-        return RunSummary(run_id, output_uri, c["documents"], c["sentences"], c["errors"],
-                          c["tokens"], already_complete=True)
+        return RunSummary(
+            run_id,
+            output_uri,
+            c["documents"],
+            c["sentences"],
+            c["errors"],
+            c["tokens"],
+            already_complete=True,
+        )
 
     from actors.cluster import create_pools, ray_session
     from actors.executor import Executor, Sink
@@ -208,17 +230,27 @@ def execute(
     summary = RunSummary(run_id, output_uri, skipped_batches=len(skip), warnings=p.warnings)
     stage_seconds: Counter[str] = Counter()
     served: dict[str, Counter[str]] = {}
-    done_docs = sum(min(cfg.run.batch_size, u.n_rows - k * cfg.run.batch_size)
-                    for u in p.units for k, b in enumerate(u.batch_ids) if b in skip)
+    done_docs = sum(
+        min(cfg.run.batch_size, u.n_rows - k * cfg.run.batch_size)
+        for u in p.units
+        for k, b in enumerate(u.batch_ids)
+        if b in skip
+    )
     with ray_session(cfg):
         actors, dispatcher, info = create_pools(cfg)
         if on_start:
             on_start(p.n_documents, done_docs)
         slots = sum(dispatcher.slots(s) for s in dispatcher.pools)
         executor = Executor(
-            actors, dispatcher, p.source_fs, cfg.input.id_column, cfg.input.text_column,
-            cfg.run.batch_size, Sink(fs, root, p.labels, cfg.run.embeddings),
-            cfg.resources.io_cpus, cfg.run.max_batches_in_flight or 2 * slots,
+            actors,
+            dispatcher,
+            p.source_fs,
+            cfg.input.id_column,
+            cfg.input.text_column,
+            cfg.run.batch_size,
+            Sink(fs, root, p.labels, cfg.run.embeddings),
+            cfg.resources.io_cpus,
+            cfg.run.max_batches_in_flight or 2 * slots,
         )
 
         def record(stats: BatchStats) -> None:
@@ -233,29 +265,42 @@ def execute(
     summary.batches = len(stats)
     n_rows, n_ids, summary.sentences, summary.errors = _final_counts(fs, root)
     if n_rows != p.n_documents or n_ids != p.n_documents:
-        raise RunFailed(f"{output_uri}/documents has {n_rows} rows for {n_ids} ids but the "
-                        f"input has {p.n_documents} documents; the run is not committed")
+        raise RunFailed(
+            f"{output_uri}/documents has {n_rows} rows for {n_ids} ids but the "
+            f"input has {p.n_documents} documents; the run is not committed"
+        )
     summary.documents = n_rows
     summary.wall_seconds = time.perf_counter() - t0
     summary.stage_seconds = dict(stage_seconds)
     summary.backends = {s: dict(c) for s, c in served.items()}
-    write_manifest(fs, root, {
-        "run_id": run_id,
-        "finished": dt.datetime.now(dt.UTC).isoformat(),
-        "input": {"uri": input_uri, "files": [asdict(f) for f in p.files]},
-        "output": output_uri,
-        "config": cfg.model_dump(),
-        "models": {s: i["version"] for s, i in info.items()},
-        "labels": p.labels,
-        "counts": {"documents": summary.documents, "sentences": summary.sentences,
-                   "errors": summary.errors, "tokens": summary.tokens,
-                   "batches": len(skip) + len(stats)},
-        "committed_batches": sorted(skip | {s.batch_id for s in stats}),
-        "resumed_batches": len(skip),
-        "timings": {"wall_seconds": summary.wall_seconds, "stage_seconds": summary.stage_seconds},
-        "backends": summary.backends,
-        "warnings": p.warnings,
-    })
+    write_manifest(
+        fs,
+        root,
+        {
+            "run_id": run_id,
+            "finished": dt.datetime.now(dt.UTC).isoformat(),
+            "input": {"uri": input_uri, "files": [asdict(f) for f in p.files]},
+            "output": output_uri,
+            "config": cfg.model_dump(),
+            "models": {s: i["version"] for s, i in info.items()},
+            "labels": p.labels,
+            "counts": {
+                "documents": summary.documents,
+                "sentences": summary.sentences,
+                "errors": summary.errors,
+                "tokens": summary.tokens,
+                "batches": len(skip) + len(stats),
+            },
+            "committed_batches": sorted(skip | {s.batch_id for s in stats}),
+            "resumed_batches": len(skip),
+            "timings": {
+                "wall_seconds": summary.wall_seconds,
+                "stage_seconds": summary.stage_seconds,
+            },
+            "backends": summary.backends,
+            "warnings": p.warnings,
+        },
+    )
     return summary
 
 

@@ -193,4 +193,3 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
     cfg = _validate(data, source=str(path) if path else "defaults")
     return cfg.with_overrides(overrides or {})
-

@@ -87,10 +87,12 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
     }
     for j, lb in enumerate(labels):
         cols[label_count_column(lb)] = counts[:, j]
-    cols["top_label"] = pa.array([labels[t] if h else None for t, h in zip(top, has, strict=True)],
-                                 pa.string())
-    cols["top_score"] = pa.array(np.where(has, mean[np.arange(n), top], np.nan),
-                                 pa.float32(), mask=~has)
+    cols["top_label"] = pa.array(
+        [labels[t] if h else None for t, h in zip(top, has, strict=True)], pa.string()
+    )
+    cols["top_score"] = pa.array(
+        np.where(has, mean[np.arange(n), top], np.nan), pa.float32(), mask=~has
+    )
     cols["batch_id"] = pa.array([batch.batch_id] * n, pa.string())
     return pa.table(cols, schema=documents_schema(labels))
 
@@ -121,8 +123,9 @@ class BatchStats:
     backends: dict[str, str] = field(default_factory=dict)
 
 
-def write_batch(fs: pafs.FileSystem, root: str, batch: Batch, labels: list[str],
-                embeddings: bool) -> BatchStats:
+def write_batch(
+    fs: pafs.FileSystem, root: str, batch: Batch, labels: list[str], embeddings: bool
+) -> BatchStats:
     """Write a finished batch's three parts (documents last) and return its counts."""
     import time
 
@@ -154,4 +157,3 @@ def read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
         return None
     with fs.open_input_stream(path) as f:
         return json.loads(f.read().decode())
-

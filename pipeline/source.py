@@ -55,7 +55,7 @@ def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
     if any(ch in uri for ch in _GLOB_CHARS):
         cut = min(uri.index(ch) for ch in _GLOB_CHARS if ch in uri)
         base = uri[: uri.rfind("/", 0, cut) + 1] or "."
-        pattern = uri[len(base):]
+        pattern = uri[len(base) :]
     try:
         fs, root = pafs.FileSystem.from_uri(base if "://" in base else _abs(base))
     except (pa.ArrowInvalid, OSError) as e:
@@ -71,7 +71,7 @@ def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
     for e in sorted(entries, key=lambda e: e.path):
         if e.type != pafs.FileType.File:
             continue
-        rel = e.path[len(root):].lstrip("/")
+        rel = e.path[len(root) :].lstrip("/")
         if any(part.startswith((".", "_")) for part in rel.split("/")):
             continue  # hidden and _metadata-style files, as pyarrow.dataset skips them
         if pattern is not None:
@@ -118,10 +118,16 @@ def plan(
                     f"columns are: {', '.join(names)}"
                 )
         id_type = pf.schema_arrow.field(id_column).type
-        if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)
-                or pa.types.is_integer(id_type) or pa.types.is_dictionary(id_type)):
-            raise InputError(f"input file {f.uri}: id column {id_column!r} has type {id_type}; "
-                             "expected strings or integers")
+        if not (
+            pa.types.is_string(id_type)
+            or pa.types.is_large_string(id_type)
+            or pa.types.is_integer(id_type)
+            or pa.types.is_dictionary(id_type)
+        ):
+            raise InputError(
+                f"input file {f.uri}: id column {id_column!r} has type {id_type}; "
+                "expected strings or integers"
+            )
         for rg in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(rg).num_rows
             if n == 0:
@@ -147,8 +153,10 @@ def check_ids(fs: pafs.FileSystem, files: list[InputFile], id_column: str) -> in
         nulls = col.null_count
         if nulls:
             first = pc.index(pc.is_null(col), True).as_py()
-            raise InputError(f"input file {f.uri}: id column {id_column!r} has {nulls} null "
-                             f"value(s), first at row {first}; every document needs an id")
+            raise InputError(
+                f"input file {f.uri}: id column {id_column!r} has {nulls} null "
+                f"value(s), first at row {first}; every document needs an id"
+            )
         ids = pc.cast(col, pa.string()).to_pylist()
         seen.update(ids)
         for i in ids:
@@ -156,8 +164,9 @@ def check_ids(fs: pafs.FileSystem, files: list[InputFile], id_column: str) -> in
         total += len(ids)
     dups = [(i, n) for i, n in seen.items() if n > 1]
     if dups:
-        shown = "; ".join(f"{i!r} x{n} (first in {where[i]})" for i, n in
-                          dups[:MAX_REPORTED_DUPLICATES])
+        shown = "; ".join(
+            f"{i!r} x{n} (first in {where[i]})" for i, n in dups[:MAX_REPORTED_DUPLICATES]
+        )
         raise InputError(
             f"{len(dups)} document id(s) appear more than once in column {id_column!r}: "
             f"{shown}. docintel writes one row per document id; deduplicate the input or "
@@ -166,8 +175,9 @@ def check_ids(fs: pafs.FileSystem, files: list[InputFile], id_column: str) -> in
     return total
 
 
-def _decode_text(col: pa.ChunkedArray, ids: list[str], where: str, batch_id: str,
-                 text_column: str) -> tuple[pa.Array, list[dict]]:
+def _decode_text(
+    col: pa.ChunkedArray, ids: list[str], where: str, batch_id: str, text_column: str
+) -> tuple[pa.Array, list[dict]]:
     """The text column as strings; documents whose text cannot be a string become errors."""
     col = col.combine_chunks()
     if pa.types.is_dictionary(col.type):
@@ -185,19 +195,33 @@ def _decode_text(col: pa.ChunkedArray, ids: list[str], where: str, batch_id: str
                 out.append(None if raw is None else raw.decode("utf-8"))
             except UnicodeDecodeError as e:
                 out.append(None)
-                errors.append({DOC_ID: doc, "stage": "read", "error_type": "UnicodeDecodeError",
-                               "message": f"{where}: text of document {doc!r} is not UTF-8 "
-                                          f"({e.reason} at byte {e.start})",
-                               "batch_id": batch_id})
+                errors.append(
+                    {
+                        DOC_ID: doc,
+                        "stage": "read",
+                        "error_type": "UnicodeDecodeError",
+                        "message": f"{where}: text of document {doc!r} is not UTF-8 "
+                        f"({e.reason} at byte {e.start})",
+                        "batch_id": batch_id,
+                    }
+                )
         return pa.array(out, pa.string()), errors
-    errors = [{DOC_ID: doc, "stage": "read", "error_type": "TypeError",
-               "message": f"{where}: column {text_column!r} has type {t}; expected string text",
-               "batch_id": batch_id} for doc in ids]
+    errors = [
+        {
+            DOC_ID: doc,
+            "stage": "read",
+            "error_type": "TypeError",
+            "message": f"{where}: column {text_column!r} has type {t}; expected string text",
+            "batch_id": batch_id,
+        }
+        for doc in ids
+    ]
     return pa.nulls(len(col), pa.string()), errors
 
 
-def read_unit(fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: str,
-              batch_size: int) -> list[Batch]:
+def read_unit(
+    fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: str, batch_size: int
+) -> list[Batch]:
     """Read one row group and cut it into its batches (runs as a Ray task)."""
     pf = _open(fs, unit.file)
     table = pf.read_row_group(unit.row_group, columns=[id_column, text_column])
@@ -206,12 +230,12 @@ def read_unit(fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: 
         part = table.slice(k * batch_size, batch_size)
         ids = pc.cast(part.column(id_column), pa.string()).combine_chunks()
         where = f"{unit.file.uri} (row group {unit.row_group})"
-        text, errs = _decode_text(part.column(text_column), ids.to_pylist(), where, batch_id,
-                                  text_column)
+        text, errs = _decode_text(
+            part.column(text_column), ids.to_pylist(), where, batch_id, text_column
+        )
         failed = {e[DOC_ID] for e in errs}
         docs = pa.table({DOC_ID: ids, TEXT: text})
         if failed:
             docs = docs.filter(pc.invert(pc.is_in(docs[DOC_ID], pa.array(sorted(failed)))))
-        batches.append(Batch(batch_id=batch_id, doc_ids=ids, table=docs,
-                             errors=error_table(errs)))
+        batches.append(Batch(batch_id=batch_id, doc_ids=ids, table=docs, errors=error_table(errs)))
     return batches

@@ -40,21 +40,28 @@ class HeadParams:
     patience: int = 8
 
 
-def load_labelled(path: Path, text_column: str = "text", label_column: str = "label"
-                  ) -> tuple[list[str], list[str]]:
+def load_labelled(
+    path: Path, text_column: str = "text", label_column: str = "label"
+) -> tuple[list[str], list[str]]:
     """Texts and string labels from a CSV or Parquet file."""
     try:
         if path.suffix.lower() == ".csv":
-            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                column_types={text_column: pa.string(), label_column: pa.string()}))
+            table = pacsv.read_csv(
+                path,
+                convert_options=pacsv.ConvertOptions(
+                    column_types={text_column: pa.string(), label_column: pa.string()}
+                ),
+            )
         else:
             table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:
         raise InputError(f"cannot read labelled data {path}: {e}") from e
     for col in (text_column, label_column):
         if col not in table.column_names:
-            raise InputError(f"labelled data {path} has no column {col!r}; its columns are: "
-                             f"{', '.join(table.column_names)}")
+            raise InputError(
+                f"labelled data {path} has no column {col!r}; its columns are: "
+                f"{', '.join(table.column_names)}"
+            )
     texts = table[text_column].cast(pa.string()).to_pylist()
     labels = table[label_column].cast(pa.string()).to_pylist()
     keep = [i for i, (t, y) in enumerate(zip(texts, labels, strict=True)) if t and y is not None]
@@ -68,8 +75,10 @@ def apply_label_names(labels: list[str], names: list[str] | None) -> list[str]:
     try:
         return [names[int(y)] for y in labels]
     except (ValueError, IndexError) as e:
-        raise InputError(f"--label-names gives {len(names)} names but the data has label "
-                         f"values {sorted(set(labels))[:10]}") from e
+        raise InputError(
+            f"--label-names gives {len(names)} names but the data has label "
+            f"values {sorted(set(labels))[:10]}"
+        ) from e
 
 
 def embed_texts(texts: list[str], cfg: EmbedConfig) -> tuple[np.ndarray, str]:
@@ -107,8 +116,12 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray, names: list[str]) -> dict[st
         rec = tp / cm[i, :].sum() if cm[i, :].sum() else 0.0
         f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
         f1s.append(f1)
-        per_class[name] = {"precision": float(prec), "recall": float(rec), "f1": float(f1),
-                           "support": int(cm[i, :].sum())}
+        per_class[name] = {
+            "precision": float(prec),
+            "recall": float(rec),
+            "f1": float(f1),
+            "support": int(cm[i, :].sum()),
+        }
     return {
         "n": len(y_true),
         "accuracy": float(np.trace(cm) / max(1, cm.sum())),
@@ -118,8 +131,15 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray, names: list[str]) -> dict[st
     }
 
 
-def fit_head(x: np.ndarray, y: np.ndarray, x_hold: np.ndarray, y_hold: np.ndarray,
-             n_classes: int, params: HeadParams, seed: int) -> Any:
+def fit_head(
+    x: np.ndarray,
+    y: np.ndarray,
+    x_hold: np.ndarray,
+    y_hold: np.ndarray,
+    n_classes: int,
+    params: HeadParams,
+    seed: int,
+) -> Any:
     """A Keras MLP (standardised input, class-weighted loss), early-stopped on the hold-out."""
     import os
 
@@ -144,18 +164,28 @@ def fit_head(x: np.ndarray, y: np.ndarray, x_hold: np.ndarray, y_hold: np.ndarra
     counts = np.bincount(y, minlength=n_classes)
     class_weight = {c: len(y) / (n_classes * max(1, n)) for c, n in enumerate(counts)}
     model.fit(
-        x, keras.utils.to_categorical(y, n_classes),
+        x,
+        keras.utils.to_categorical(y, n_classes),
         validation_data=(x_hold, keras.utils.to_categorical(y_hold, n_classes)),
-        batch_size=params.batch_size, epochs=params.max_epochs, class_weight=class_weight,
-        callbacks=[keras.callbacks.EarlyStopping(patience=params.patience,
-                                                 restore_best_weights=True)],
+        batch_size=params.batch_size,
+        epochs=params.max_epochs,
+        class_weight=class_weight,
+        callbacks=[
+            keras.callbacks.EarlyStopping(patience=params.patience, restore_best_weights=True)
+        ],
         verbose=0,
     )
     return model
 
 
-def train(data: Path, out: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None,
-          params: HeadParams | None = None, seed: int = SEED) -> dict[str, Any]:
+def train(
+    data: Path,
+    out: Path,
+    embed_cfg: EmbedConfig,
+    label_names: list[str] | None = None,
+    params: HeadParams | None = None,
+    seed: int = SEED,
+) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics."""
     params = params or HeadParams()
     t0 = time.perf_counter()
@@ -175,19 +205,35 @@ def train(data: Path, out: Path, embed_cfg: EmbedConfig, label_names: list[str] 
     out.mkdir(parents=True, exist_ok=True)
     model.save(out / MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
-    (out / TRAINING_FILE).write_text(json.dumps({
-        "data": data.name, "rows": len(texts), "train_rows": len(tr), "holdout_rows": len(ho),
-        "embedder": embedder, "embedding_dim": int(x.shape[1]), "seed": seed,
-        "params": {k: list(v) if isinstance(v, tuple) else v
-                   for k, v in params.__dict__.items()},
-        "seconds": {"embed": round(t_embed, 1), "total": round(time.perf_counter() - t0, 1)},
-    }, indent=2) + "\n")
+    (out / TRAINING_FILE).write_text(
+        json.dumps(
+            {
+                "data": data.name,
+                "rows": len(texts),
+                "train_rows": len(tr),
+                "holdout_rows": len(ho),
+                "embedder": embedder,
+                "embedding_dim": int(x.shape[1]),
+                "seed": seed,
+                "params": {
+                    k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()
+                },
+                "seconds": {
+                    "embed": round(t_embed, 1),
+                    "total": round(time.perf_counter() - t0, 1),
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     (out / METRICS_FILE).write_text(json.dumps({"split": "holdout", **result}, indent=2) + "\n")
     return result
 
 
-def evaluate(model_dir: Path, data: Path, embed_cfg: EmbedConfig,
-             label_names: list[str] | None = None) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path, data: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None
+) -> dict[str, Any]:
     """Metrics of the classifier in ``model_dir`` on a labelled file."""
     from pipeline.config import ClassifyConfig
     from pipeline.stages.classify import Classifier
@@ -199,8 +245,10 @@ def evaluate(model_dir: Path, data: Path, embed_cfg: EmbedConfig,
     labels = apply_label_names(raw, (label_names or clf.labels) if integer_ids else None)
     unknown = sorted(set(labels) - set(clf.labels))
     if unknown:
-        raise InputError(f"{data} has labels {unknown} that {model_dir} does not know "
-                         f"({clf.labels}); pass --label-names to map integer ids")
+        raise InputError(
+            f"{data} has labels {unknown} that {model_dir} does not know "
+            f"({clf.labels}); pass --label-names to map integer ids"
+        )
     index = {n: i for i, n in enumerate(clf.labels)}
     x, _ = embed_texts(texts, embed_cfg)
     pred = clf.predict(x).argmax(axis=1)

@@ -74,8 +74,10 @@ class Classifier(Stage):
         self.model = load_keras(model_dir / MODEL_FILE, self.threads)
         n_out = int(self.model.output_shape[-1])
         if n_out != len(self.labels):
-            raise ModelError(f"{model_dir / MODEL_FILE} outputs {n_out} classes but "
-                             f"{LABELS_FILE} names {len(self.labels)}")
+            raise ModelError(
+                f"{model_dir / MODEL_FILE} outputs {n_out} classes but "
+                f"{LABELS_FILE} names {len(self.labels)}"
+            )
         self.input_dim = int(self.model.input_shape[-1])
         self.backend = "cpu-fp32"
         self.version = fingerprint(model_dir)

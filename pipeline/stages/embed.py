@@ -31,11 +31,15 @@ def check_encoder_dir(path: Path) -> None:
             "Hugging Face model folder (config.json, tokenizer files, model.safetensors)"
         )
     if not (path / "config.json").is_file():
-        raise ModelError(f"embedding model folder {path} has no config.json; expected a "
-                         "Hugging Face model folder (config.json, tokenizer, weights)")
+        raise ModelError(
+            f"embedding model folder {path} has no config.json; expected a "
+            "Hugging Face model folder (config.json, tokenizer, weights)"
+        )
     if not any((path / w).is_file() for w in _WEIGHT_FILES):
-        raise ModelError(f"embedding model folder {path} has no weights; expected one of "
-                         f"{', '.join(_WEIGHT_FILES)}")
+        raise ModelError(
+            f"embedding model folder {path} has no weights; expected one of "
+            f"{', '.join(_WEIGHT_FILES)}"
+        )
 
 
 def embedding_dim(path: Path) -> int:
@@ -147,8 +151,11 @@ class Embedder(Stage):
         vectors, n_tokens, truncated = self.encode(table[TEXT].to_pylist())
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
         emb = pa.FixedSizeListArray.from_arrays(flat, self.dim)
-        for name, col in ((EMBEDDING, emb), (N_TOKENS, pa.array(n_tokens)),
-                          (TRUNCATED, pa.array(truncated))):
+        for name, col in (
+            (EMBEDDING, emb),
+            (N_TOKENS, pa.array(n_tokens)),
+            (TRUNCATED, pa.array(truncated)),
+        ):
             table = table.append_column(name, col)
         return table
 

@@ -52,7 +52,7 @@ def load_spacy(name: str) -> Any:
         except OSError as e:
             raise ModelError(
                 f"spaCy pipeline {name!r} is not installed (spaCy said: {e}); install its "
-                "package, or set [sentencize] spacy_model = \"blank:en\" for the rule-based "
+                'package, or set [sentencize] spacy_model = "blank:en" for the rule-based '
                 "sentencizer"
             ) from e
     if not any(nlp.has_pipe(c) for c in _SENT_COMPONENTS):
