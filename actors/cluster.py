@@ -57,10 +57,13 @@ def ray_session(cfg: Config) -> Iterator[None]:
         ray.shutdown()
 
 
-def create_pools(cfg: Config) -> tuple[dict[str, Any], Dispatcher, dict[str, dict[str, Any]]]:
-    """Start every stage replica and wait until each has loaded its model.
+@contextlib.contextmanager
+def stage_pools(
+    cfg: Config,
+) -> Iterator[tuple[dict[str, Any], Dispatcher, dict[str, dict[str, Any]]]]:
+    """Start every stage replica, wait until each has loaded its model, kill them after.
 
-    Returns the actor handles by replica key, the dispatcher over them, and per stage the
+    Yields the actor handles by replica key, the dispatcher over them, and per stage the
     backend and model version its replicas report.
     """
     check_layout(cfg, ray.cluster_resources().get("CPU", 0.0))
@@ -75,13 +78,17 @@ def create_pools(cfg: Config) -> tuple[dict[str, Any], Dispatcher, dict[str, dic
             pools[stage].append(rep)
     keys = list(actors)
     try:
-        infos = ray.get([actors[k].ready.remote() for k in keys])
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause
-        if isinstance(cause, DocintelError):
-            raise cause from None
-        raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
-    stage_info: dict[str, dict[str, Any]] = {}
-    for key, info in zip(keys, infos, strict=True):
-        stage_info.setdefault(key.split("/")[0], info)
-    return actors, Dispatcher(pools), stage_info
+        try:
+            infos = ray.get([actors[k].ready.remote() for k in keys])
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause
+            if isinstance(cause, DocintelError):
+                raise cause from None
+            raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
+        stage_info: dict[str, dict[str, Any]] = {}
+        for key, info in zip(keys, infos, strict=True):
+            stage_info.setdefault(key.split("/")[0], info)
+        yield actors, Dispatcher(pools), stage_info
+    finally:
+        for handle in actors.values():  # free their CPUs for the next run on this cluster
+            ray.kill(handle)

@@ -21,10 +21,9 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from pipeline.config import Config
-from pipeline.errors import InputError, ModelError, RunFailed, UsageError
+from pipeline.errors import ModelError, RunFailed, UsageError
 from pipeline.schema import DOC_ID, TEXT
 from pipeline.sink import (
-    MANIFEST,
     TABLES,
     BatchStats,
     atomic_write,
@@ -224,7 +223,7 @@ def execute(
             already_complete=True,
         )
 
-    from actors.cluster import create_pools, ray_session
+    from actors.cluster import ray_session, stage_pools
     from actors.executor import Executor, Sink
 
     summary = RunSummary(run_id, output_uri, skipped_batches=len(skip), warnings=p.warnings)
@@ -236,8 +235,7 @@ def execute(
         for k, b in enumerate(u.batch_ids)
         if b in skip
     )
-    with ray_session(cfg):
-        actors, dispatcher, info = create_pools(cfg)
+    with ray_session(cfg), stage_pools(cfg) as (actors, dispatcher, info):
         if on_start:
             on_start(p.n_documents, done_docs)
         slots = sum(dispatcher.slots(s) for s in dispatcher.pools)
@@ -303,5 +301,3 @@ def execute(
     )
     return summary
 
-
-__all__ = ["MANIFEST", "InputError", "Plan", "RunSummary", "execute", "prepare"]

@@ -118,6 +118,8 @@ class Embedder(Stage):
         """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
         import torch
 
+        if not texts:  # a batch whose documents have no sentences
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
         full = self.tokenizer(texts, truncation=False)["input_ids"]
         limit = self.max_length
         truncated = np.array([len(x) > limit for x in full], dtype=bool)

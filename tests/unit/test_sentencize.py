@@ -1,0 +1,194 @@
+"""Sentencizer: offsets into the original text, blanks, huge and odd documents, chunking."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import SentencizeConfig
+from pipeline.errors import ModelError
+from pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
+from pipeline.stages.sentencize import SENTENCES_SCHEMA, Sentencizer, chunk_spans
+
+
+def assert_offsets_hold(out: pa.Table, texts: dict[str, str]) -> None:
+    for row in out.to_pylist():
+        original = texts[row[DOC_ID]]
+        assert original[row[START_CHAR] : row[END_CHAR]] == row[TEXT], row
+
+
+def assert_sent_index_dense(out: pa.Table) -> None:
+    per_doc: dict[str, list[int]] = {}
+    for doc, idx in zip(out[DOC_ID].to_pylist(), out[SENT_INDEX].to_pylist(), strict=True):
+        per_doc.setdefault(doc, []).append(idx)
+    for doc, idxs in per_doc.items():
+        assert idxs == list(range(len(idxs))), doc
+
+
+def assert_covers_non_whitespace(out: pa.Table, doc: str, text: str) -> None:
+    """Every non-whitespace character lies in exactly one sentence; sentences do not overlap."""
+    sub = out.filter(pa.compute.equal(out[DOC_ID], doc))
+    cover = np.zeros(len(text) + 1, dtype=np.int64)
+    for a, b in zip(sub[START_CHAR].to_pylist(), sub[END_CHAR].to_pylist(), strict=True):
+        assert 0 <= a < b <= len(text)
+        cover[a] += 1
+        cover[b] -= 1
+    cover = np.cumsum(cover)[: len(text)]
+    assert cover.max() <= 1, "sentences overlap"
+    non_ws = np.fromiter((not c.isspace() for c in text), dtype=bool, count=len(text))
+    assert (cover[non_ws] == 1).all(), "a non-whitespace character is in no sentence"
+
+
+def test_offsets_point_into_the_original_text(sentencizer, docs_table):
+    texts = {
+        "plain": "Revenue rose 5%. Margins fell to 12.3% in Q2! Will it last? Analysts doubt it.",
+        "padded": "   \n  Leading blanks. \t Inner tabs.\n\nNew paragraph here.   ",
+        "unicode": "Ünïcödé names: Société Générale gained 2€. 😀 Emoji too! 日本語の文。Done.",
+        "one": "no punctuation at all here",
+        "newlines": "Line one\nLine two.\r\nLine three.",
+    }
+    out = sentencizer(docs_table(list(texts), list(texts.values())))
+    assert out.schema == SENTENCES_SCHEMA
+    assert set(out[DOC_ID].to_pylist()) == set(texts)
+    assert_offsets_hold(out, texts)
+    assert_sent_index_dense(out)
+    for doc, text in texts.items():
+        assert_covers_non_whitespace(out, doc, text)
+    plain = out.filter(pa.compute.equal(out[DOC_ID], "plain"))[TEXT].to_pylist()
+    assert plain == [
+        "Revenue rose 5%.",
+        "Margins fell to 12.3% in Q2!",
+        "Will it last?",
+        "Analysts doubt it.",
+    ]
+    # stripped: no sentence starts or ends with whitespace
+    assert all(t == t.strip() and t for t in out[TEXT].to_pylist())
+
+
+def test_blank_empty_and_null_texts_give_no_rows(sentencizer, docs_table):
+    ids = ["spaces", "empty", "none", "mixed_ws", "real"]
+    texts = ["     ", "", None, " \t\n\r\u3000\u00a0 ", "A real sentence."]
+    out = sentencizer(docs_table(ids, texts))
+    assert out[DOC_ID].to_pylist() == ["real"]
+    assert out[SENT_INDEX].to_pylist() == [0]
+
+
+def test_only_blank_texts_give_an_empty_table_with_the_schema(sentencizer, docs_table):
+    out = sentencizer(docs_table(["a", "b", "c"], ["", None, "\n\n"]))
+    assert out.num_rows == 0
+    assert out.schema == SENTENCES_SCHEMA
+
+
+def test_sent_index_counts_from_zero_per_document(sentencizer, docs_table):
+    ids = [f"d{i}" for i in range(6)]
+    texts = [" ".join(f"Sentence {j} of doc {i}." for j in range(i + 1)) for i in range(6)]
+    out = sentencizer(docs_table(ids, texts))
+    assert_sent_index_dense(out)
+    counts = {d: out[DOC_ID].to_pylist().count(d) for d in ids}
+    assert counts == {f"d{i}": i + 1 for i in range(6)}
+
+
+def test_one_million_character_document(sentencizer, docs_table):
+    unit = "Revenue rose 5%. "
+    no_spaces = "x" * 150_000  # longer than a whole chunk (100,000 chars): a forced cut
+    head = unit * 40_000  # 680,000 chars
+    tail_len = 1_000_000 - len(head) - len(no_spaces)
+    tail = (unit * (tail_len // len(unit) + 1))[:tail_len]
+    text = head + no_spaces + tail
+    assert len(text) == 1_000_000
+    out = sentencizer(docs_table(["big", "small"], [text, "Small doc. Two sentences."]))
+    texts = {"big": text, "small": "Small doc. Two sentences."}
+    assert_offsets_hold(out, texts)
+    assert_sent_index_dense(out)
+    assert_covers_non_whitespace(out, "big", text)
+    big = out.filter(pa.compute.equal(out[DOC_ID], "big"))
+    # chunk cuts (at most ~12 of them) may split a sentence; all the others are whole
+    whole = big[TEXT].to_pylist().count("Revenue rose 5%.")
+    expected = text.count("Revenue rose 5%.")
+    assert expected - 15 <= whole <= expected
+    assert out.filter(pa.compute.equal(out[DOC_ID], "small")).num_rows == 2
+
+
+def test_long_text_without_punctuation_or_spaces(sentencizer, docs_table):
+    text = "".join(random.Random(1).choices("abcdefghijklmnopqrstuvwxyz0123456789", k=10_000))
+    out = sentencizer(docs_table(["blob"], [text]))
+    assert out.num_rows == 1
+    row = out.to_pylist()[0]
+    assert (row[START_CHAR], row[END_CHAR], row[TEXT]) == (0, 10_000, text)
+
+
+def test_control_characters_keep_offsets(sentencizer, docs_table):
+    texts = {
+        "nul": "Null\x00byte inside. Next one.",
+        "bell": "\x07Bell first. Then\x07 more!",
+        "zwsp": "Zero\u200bwidth space. \u200b Another\u200b sentence.\u200b",
+        "only_ctrl": "\x00\x07\u200b",
+        "mix": "\x00 \x1f\x0b A. \u200b\u200b B.\x00",
+    }
+    out = sentencizer(docs_table(list(texts), list(texts.values())))
+    assert_offsets_hold(out, texts)
+    assert_sent_index_dense(out)
+    for doc, text in texts.items():
+        assert_covers_non_whitespace(out, doc, text)
+
+
+def test_small_chunk_limit_keeps_offsets(docs_table):
+    stage = Sentencizer(SentencizeConfig(chunk_chars=1_000))
+    stage.setup()
+    rng = random.Random(7)
+    words = ["Revenue", "rose", "5%", "margin", "Q2", "guidance", "cut", "beat", "EPS"]
+    parts = []
+    while sum(map(len, parts)) < 20_000:
+        n = rng.randint(3, 15)
+        parts.append(" ".join(rng.choice(words) for _ in range(n)) + rng.choice([". ", "! ", "? ", "\n"]))
+    text = "".join(parts)
+    out = stage(docs_table(["doc"], [text]))
+    assert_offsets_hold(out, {"doc": text})
+    assert_sent_index_dense(out)
+    assert_covers_non_whitespace(out, "doc", text)
+
+
+def _check_spans(text: str, spans: list[tuple[int, int]], limit: int) -> None:
+    assert spans[0][0] == 0
+    assert spans[-1][1] == len(text)
+    for (_, b), (c, _) in zip(spans, spans[1:], strict=False):
+        assert b == c, "spans must be contiguous"
+    for a, b in spans:
+        assert 0 < b - a <= limit or (a == b == len(text) == 0)
+
+
+def test_chunk_spans_cut_at_whitespace_and_cover_the_text():
+    rng = random.Random(3)
+    for _ in range(200):
+        limit = rng.randint(20, 80)
+        words = ["".join(rng.choices("abcXYZ.,!", k=rng.randint(1, 8))) for _ in range(rng.randint(1, 120))]
+        seps = [rng.choice([" ", "  ", "\n", "\t"]) for _ in words]
+        text = "".join(w + s for w, s in zip(words, seps, strict=True))
+        spans = chunk_spans(text, limit)
+        _check_spans(text, spans, limit)
+        assert "".join(text[a:b] for a, b in spans) == text
+        # words are at most 8 chars, far below limit/2: every cut follows whitespace
+        for _, b in spans[:-1]:
+            assert text[b - 1].isspace(), (text, spans, limit)
+
+
+def test_chunk_spans_without_whitespace_cut_at_the_limit():
+    text = "y" * 1_005
+    spans = chunk_spans(text, 100)
+    _check_spans(text, spans, 100)
+    assert spans == [(i, min(i + 100, 1_005)) for i in range(0, 1_005, 100)]
+
+
+def test_chunk_spans_short_text_is_one_span():
+    assert chunk_spans("short text", 100) == [(0, 10)]
+    assert chunk_spans("", 100) == [(0, 0)]
+
+
+def test_unknown_installed_pipeline_raises_model_error():
+    name = "xx_docintel_no_such_pipeline_sm"
+    stage = Sentencizer(SentencizeConfig(spacy_model=name))
+    with pytest.raises(ModelError, match=name):
+        stage.setup()
