@@ -13,13 +13,19 @@ REPO = Path(__file__).resolve().parent.parent
 VALID_CSV = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
 
 
-def write_docs(path: Path, ids: list, texts: list, row_group_size: int = 4,
-               text_type: pa.DataType | None = None) -> Path:
+def write_docs(
+    path: Path,
+    ids: list,
+    texts: list,
+    row_group_size: int = 4,
+    text_type: pa.DataType | None = None,
+) -> Path:
     """A documents Parquet file with columns doc_id, text."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = pa.array(texts, text_type) if text_type is not None else pa.array(texts)
-    pq.write_table(pa.table({"doc_id": pa.array(ids), "text": text}), path,
-                   row_group_size=row_group_size)
+    pq.write_table(
+        pa.table({"doc_id": pa.array(ids), "text": text}), path, row_group_size=row_group_size
+    )
     return path
 
 

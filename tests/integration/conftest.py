@@ -14,9 +14,14 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024  # tiny corpora; keeps the test node's fo
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False,
-             object_store_memory=OBJECT_STORE_BYTES, runtime_env={"env_vars": WORKER_ENV},
-             logging_level="WARNING")
+    ray.init(
+        num_cpus=2,
+        num_gpus=0,
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        runtime_env={"env_vars": WORKER_ENV},
+        logging_level="WARNING",
+    )
     yield
     ray.shutdown()
 

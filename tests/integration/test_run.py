@@ -28,8 +28,14 @@ def _cfg(**overrides: object) -> object:
 def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) -> None:
     """Normal and hostile documents in a folder of two files: one row each, offsets hold."""
     normal = [" ".join(h.rstrip(".") + "." for h in headlines[i : i + 3]) for i in range(0, 30, 3)]
-    hostile = [None, "", "   \n\t  ", "ctrl \x00\x07 chars\u200b here. And more!", NO_PUNCT_10K,
-               ONE_MILLION]
+    hostile = [
+        None,
+        "",
+        "   \n\t  ",
+        "ctrl \x00\x07 chars\u200b here. And more!",
+        NO_PUNCT_10K,
+        ONE_MILLION,
+    ]
     ids_a = [f"a{i}" for i in range(len(normal))]
     ids_b = [f"b{i}" for i in range(len(hostile))]
     write_docs(tmp_path / "in" / "part-a.parquet", ids_a, normal)
@@ -48,8 +54,9 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     # the counts in documents/ agree with the rows in sentences/
     per_doc = sents.groupby("doc_id").size()
     assert per_doc.reindex(docs.index, fill_value=0).tolist() == docs.n_sentences.tolist()
-    label_cols = [c for c in docs.columns if c.startswith("n_") and c not in
-                  ("n_sentences", "n_truncated")]
+    label_cols = [
+        c for c in docs.columns if c.startswith("n_") and c not in ("n_sentences", "n_truncated")
+    ]
     assert sorted(label_cols) == ["n_bearish", "n_bullish", "n_neutral"]
     assert (docs[label_cols].sum(axis=1) == docs.n_sentences).all()
     # character offsets point into the original text
@@ -74,8 +81,12 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
 def test_undecodable_and_non_string_text_become_error_rows(tmp_path: Path) -> None:
     """Binary text with bad UTF-8 and an int64 text column: error rows, batch-mates fine."""
     inp = tmp_path / "in"
-    write_docs(inp / "bytes.parquet", ["ok1", "bad", "ok2"],
-               [b"Shares rose.", b"\xff\xfe broken", "Fine text.".encode()], text_type=pa.binary())
+    write_docs(
+        inp / "bytes.parquet",
+        ["ok1", "bad", "ok2"],
+        [b"Shares rose.", b"\xff\xfe broken", b"Fine text."],
+        text_type=pa.binary(),
+    )
     write_docs(inp / "ints.parquet", ["n1", "n2"], [1, 2])
     out = tmp_path / "out"
     summary = execute(_cfg(**{"run.embeddings": False}), str(inp), str(out))
@@ -98,13 +109,11 @@ def test_integer_ids_and_custom_columns(tmp_path: Path) -> None:
 
     pq.write_table(pa.table({"uuid": [10, 11, 12], "body": ["A.", "B c.", "D e f."]}), path)
     out = tmp_path / "out"
-    execute(_cfg(**{"input.id_column": "uuid", "input.text_column": "body"}), str(path),
-            str(out))
+    execute(_cfg(**{"input.id_column": "uuid", "input.text_column": "body"}), str(path), str(out))
     assert_exactly_once(out, ["10", "11", "12"])
 
 
-def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: list[str]
-                                                    ) -> None:
+def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: list[str]) -> None:
     ids = [f"d{i:02d}" for i in range(24)]
     inp = write_docs(tmp_path / "in.parquet", ids, headlines[:24], row_group_size=8)
     out = tmp_path / "out"
@@ -127,8 +136,10 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
     assert resumed.batches == 2 and resumed.skipped_batches == 4
     after = assert_exactly_once(out, ids)
     key = ["doc_id", "sent_index"]
-    assert after["sentences"].sort_values(key).label.tolist() == \
-        before["sentences"].sort_values(key).label.tolist()
+    assert (
+        after["sentences"].sort_values(key).label.tolist()
+        == before["sentences"].sort_values(key).label.tolist()
+    )
 
 
 def test_refuses_other_runs_output(tmp_path: Path, headlines: list[str]) -> None:

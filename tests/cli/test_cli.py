@@ -1,0 +1,176 @@
+"""The `docintel` command as a user runs it: subprocesses, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO, VALID_CSV, assert_exactly_once, write_docs
+
+DOCINTEL = [sys.executable, "-m", "jobs.cli"]
+
+
+def docintel(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [*DOCINTEL, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    return write_docs(
+        tmp_path / "docs.parquet",
+        ["a", "b", "c"],
+        ["Profits fell sharply. Guidance was cut.", "Shares jumped 10%.", ""],
+    )
+
+
+def test_help_explains_every_command() -> None:
+    top = docintel("--help")
+    assert top.returncode == 0
+    for cmd in ("run", "train", "evaluate", "ingest"):
+        assert cmd in top.stdout
+        sub = docintel(cmd, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert "Example" in sub.stdout, f"`docintel {cmd} --help` shows no example"
+    run_help = docintel("run", "--help").stdout
+    for opt in (
+        "--config",
+        "--id-column",
+        "--text-column",
+        "--run-id",
+        "--batch-size",
+        "--embeddings",
+        "--no-embeddings",
+    ):
+        assert opt in run_help
+
+
+def test_missing_text_column_exits_2_naming_columns(tmp_path: Path, corpus: Path) -> None:
+    r = docintel("run", corpus, tmp_path / "out", "--text-column", "body")
+    assert r.returncode == 2
+    assert "'body'" in r.stderr and "doc_id, text" in r.stderr and "docs.parquet" in r.stderr
+    assert not (tmp_path / "out" / "documents").exists()  # no work was started
+
+
+def test_missing_id_column_exits_2(tmp_path: Path, corpus: Path) -> None:
+    r = docintel("run", corpus, tmp_path / "out", "--id-column", "uuid")
+    assert r.returncode == 2 and "'uuid'" in r.stderr and "--id-column" in r.stderr
+
+
+def test_duplicate_ids_exit_2_before_work(tmp_path: Path) -> None:
+    path = write_docs(tmp_path / "dup.parquet", ["x", "y", "x"], ["One.", "Two.", "Three."])
+    r = docintel("run", path, tmp_path / "out")
+    assert r.returncode == 2
+    assert "'x' x2" in r.stderr and "more than once" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_parquet_file_exits_2_naming_it(tmp_path: Path, corpus: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "good.parquet").write_bytes(corpus.read_bytes())
+    (folder / "broken.parquet").write_bytes(b"this is not parquet at all")
+    r = docintel("run", folder, tmp_path / "out")
+    assert r.returncode == 2 and "broken.parquet" in r.stderr
+
+
+def test_missing_input_exits_2(tmp_path: Path) -> None:
+    r = docintel("run", tmp_path / "nope.parquet", tmp_path / "out")
+    assert r.returncode == 2 and "nope.parquet" in r.stderr and "does not exist" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ('[embed]\nmodel_path = "/no/such/encoder"\n', "/no/such/encoder"),
+        ('[classify]\nmodel_dir = "/no/such/classifier"\n', "/no/such/classifier"),
+        ('[sentencize]\nspacy_model = "xx_no_such_pipeline"\n', "xx_no_such_pipeline"),
+        ("[run]\nbatch_size = 0\n", "run.batch_size"),
+        ("[run]\nbatchsize = 10\n", "batchsize"),
+        ("[run\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_or_model_exits_2(
+    tmp_path: Path, corpus: Path, toml: str, expected: str
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    r = docintel("run", corpus, tmp_path / "out", "--config", cfg)
+    assert r.returncode == 2, r.stderr
+    assert expected in r.stderr
+
+
+def test_incompatible_classifier_exits_2(tmp_path: Path, corpus: Path) -> None:
+    clf = tmp_path / "clf"
+    clf.mkdir()
+    for f in ("model.keras", "labels.json"):
+        (clf / f).write_bytes((REPO / "models" / "finsent" / f).read_bytes())
+    (clf / "training.json").write_text(json.dumps({"embedding_dim": 768, "embedder": "x"}))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[classify]\nmodel_dir = "{clf}"\n')
+    r = docintel("run", corpus, tmp_path / "out", "--config", cfg)
+    assert r.returncode == 2 and "768-d" in r.stderr and "384-d" in r.stderr
+
+
+def test_run_then_rerun_is_a_noop(tmp_path: Path, corpus: Path) -> None:
+    out = tmp_path / "out"
+    r = docintel("run", corpus, out, "--run-id", "cli1", "--num-cpus", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "docintel run cli1" in r.stdout and "documents" in r.stdout
+    tables = assert_exactly_once(out, ["a", "b", "c"])
+    assert tables["documents"].set_index("doc_id").loc["c", "n_sentences"] == 0
+    again = docintel("run", corpus, out, "--run-id", "cli1")
+    assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def test_ingest_folder_of_text_files(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "q3").mkdir(parents=True)
+    (src / "q3" / "report.txt").write_text("Revenue rose. Costs fell.")
+    (src / "notes.md").write_text("# Notes\n\nMargins were stable.")
+    (src / "latin1.txt").write_bytes("Caf\xe9 sales dipped.".encode("latin-1"))
+    (src / "skip.csv").write_text("not,taken")
+    out = tmp_path / "docs.parquet"
+    r = docintel("ingest", src, out)
+    assert r.returncode == 0, r.stderr
+    t = pq.read_table(out).to_pydict()
+    assert t["doc_id"] == ["latin1.txt", "notes.md", "q3/report.txt"]
+    assert t["text"][2] == "Revenue rose. Costs fell."
+    assert "\ufffd" in t["text"][0] and "1 with undecodable bytes" in r.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert docintel("ingest", empty, tmp_path / "x.parquet").returncode == 2
+
+
+def test_train_and_evaluate_small(tmp_path: Path) -> None:
+    rows = pd.read_csv(VALID_CSV).groupby("label").head(60)  # 180 rows, all 3 classes
+    data = tmp_path / "small.parquet"
+    pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), data)
+    model = tmp_path / "clf"
+    r = docintel("train", data, "--out", model, "--label-names", "Bearish,Bullish,Neutral")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {"model.keras", "labels.json", "training.json", "metrics.json"} <= {
+        p.name for p in model.iterdir()
+    }
+    metrics = json.loads((model / "metrics.json").read_text())
+    assert metrics["split"] == "holdout" and 0 <= metrics["macro_f1"] <= 1
+    assert json.loads((model / "labels.json").read_text()) == ["Bearish", "Bullish", "Neutral"]
+    ev = docintel("evaluate", model, data)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "macro-F1" in ev.stdout and "confusion matrix" in ev.stdout
