@@ -164,8 +164,10 @@ class Config(_Strict):
             node = data
             *parents, leaf = dotted.split(".")
             for key in parents:
+                if not isinstance(node, dict) or key not in node:
+                    raise ConfigError(f"unknown config key {dotted!r}")
                 node = node[key]
-            if leaf not in node:
+            if not isinstance(node, dict) or leaf not in node:
                 raise ConfigError(f"unknown config key {dotted!r}")
             node[leaf] = value
         return _validate(data, source="command-line options")

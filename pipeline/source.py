@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -75,7 +76,7 @@ def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
         if any(part.startswith((".", "_")) for part in rel.split("/")):
             continue  # hidden and _metadata-style files, as pyarrow.dataset skips them
         if pattern is not None:
-            if not fnmatch.fnmatch(rel, pattern):
+            if not _glob_regex(pattern).fullmatch(rel):
                 continue
         elif not rel.endswith((".parquet", ".parq", ".pq")):
             continue
@@ -85,6 +86,26 @@ def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
         what = f"files matching {pattern!r}" if pattern else "Parquet files (*.parquet)"
         raise InputError(f"input {uri!r} holds no {what}")
     return fs, files
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """Shell-style glob over a relative path: ``*``/``?`` stay within one folder level,
+    ``**/`` spans any number of levels."""
+    out = []
+    for part in re.split(r"(\*\*/|\*\*|\*|\?|\[[^\]]*\])", pattern):
+        if part == "**/":
+            out.append("(?:.*/)?")
+        elif part == "**":
+            out.append(".*")
+        elif part == "*":
+            out.append("[^/]*")
+        elif part == "?":
+            out.append("[^/]")
+        elif part.startswith("[") and part.endswith("]") and len(part) > 2:
+            out.append(fnmatch.translate(part)[4:-3])  # fnmatch's own class syntax
+        else:
+            out.append(re.escape(part))
+    return re.compile("".join(out))
 
 
 def _abs(path: str) -> str:

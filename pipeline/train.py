@@ -64,7 +64,7 @@ def load_labelled(
             )
     texts = table[text_column].cast(pa.string()).to_pylist()
     labels = table[label_column].cast(pa.string()).to_pylist()
-    keep = [i for i, (t, y) in enumerate(zip(texts, labels, strict=True)) if t and y is not None]
+    keep = [i for i, (t, y) in enumerate(zip(texts, labels, strict=True)) if t and y]
     return [texts[i] for i in keep], [labels[i] for i in keep]
 
 
@@ -203,7 +203,7 @@ def train(
     pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
     result = metrics(y[ho], pred, names)
     out.mkdir(parents=True, exist_ok=True)
-    model.save(out / MODEL_FILE)
+    _inference_copy(model).save(out / MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
     (out / TRAINING_FILE).write_text(
         json.dumps(

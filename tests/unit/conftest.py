@@ -18,13 +18,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from pipeline.batch import Batch  # noqa: E402 - after the environment above
-from pipeline.config import (  # noqa: E402
+from pipeline.batch import Batch
+from pipeline.config import (
     ClassifyConfig,
     EmbedConfig,
     SentencizeConfig,
 )
-from pipeline.schema import DOC_ID, TEXT  # noqa: E402
+from pipeline.schema import DOC_ID, TEXT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SENT_VALID = REPO_ROOT / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
@@ -67,6 +67,12 @@ def valid_texts() -> list[str]:
     with SENT_VALID.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     return [r["text"] for r in rows[:30]]
+
+
+@pytest.fixture(scope="session")
+def valid_embedded(embedder, valid_texts) -> pa.Table:
+    """``valid_texts`` through the real Embedder, computed once for the session."""
+    return embedder(pa.table({TEXT: valid_texts}))
 
 
 def docs_table(ids: list[str], texts: list[str | None]) -> pa.Table:

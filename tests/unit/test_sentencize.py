@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -143,7 +144,9 @@ def test_small_chunk_limit_keeps_offsets(docs_table):
     parts = []
     while sum(map(len, parts)) < 20_000:
         n = rng.randint(3, 15)
-        parts.append(" ".join(rng.choice(words) for _ in range(n)) + rng.choice([". ", "! ", "? ", "\n"]))
+        parts.append(
+            " ".join(rng.choice(words) for _ in range(n)) + rng.choice([". ", "! ", "? ", "\n"])
+        )
     text = "".join(parts)
     out = stage(docs_table(["doc"], [text]))
     assert_offsets_hold(out, {"doc": text})
@@ -154,7 +157,7 @@ def test_small_chunk_limit_keeps_offsets(docs_table):
 def _check_spans(text: str, spans: list[tuple[int, int]], limit: int) -> None:
     assert spans[0][0] == 0
     assert spans[-1][1] == len(text)
-    for (_, b), (c, _) in zip(spans, spans[1:], strict=False):
+    for (_, b), (c, _) in itertools.pairwise(spans):
         assert b == c, "spans must be contiguous"
     for a, b in spans:
         assert 0 < b - a <= limit or (a == b == len(text) == 0)
@@ -164,7 +167,10 @@ def test_chunk_spans_cut_at_whitespace_and_cover_the_text():
     rng = random.Random(3)
     for _ in range(200):
         limit = rng.randint(20, 80)
-        words = ["".join(rng.choices("abcXYZ.,!", k=rng.randint(1, 8))) for _ in range(rng.randint(1, 120))]
+        words = [
+            "".join(rng.choices("abcXYZ.,!", k=rng.randint(1, 8)))
+            for _ in range(rng.randint(1, 120))
+        ]
         seps = [rng.choice([" ", "  ", "\n", "\t"]) for _ in words]
         text = "".join(w + s for w, s in zip(words, seps, strict=True))
         spans = chunk_spans(text, limit)
