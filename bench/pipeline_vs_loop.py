@@ -282,12 +282,11 @@ def predictions_table(
 
 def loop_main(corpus: Path, predictions: Path, result: Path) -> None:
     """The plain loop: load, read, sentencize, embed, classify, write; timings to JSON."""
-    import torch  # already imported by transformers; named here for its thread count
-
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     models = load_models()
     seconds["load"] = time.perf_counter() - t
+    import torch  # imported by load_models (transformers); named here for its thread count
 
     t = time.perf_counter()
     table = pq.read_table(corpus, columns=[DOC_ID, TEXT])

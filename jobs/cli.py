@@ -205,9 +205,7 @@ def train(
     config: ConfigOpt = None,
     label_names: Annotated[
         str | None,
-        typer.Option(
-            help="Names for integer labels 0,1,2,... (e.g. Bearish,Bullish,Neutral)."
-        ),
+        typer.Option(help="Names for integer labels 0,1,2,... (e.g. Bearish,Bullish,Neutral)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed (split and weights).")] = 0,
 ) -> None:

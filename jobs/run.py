@@ -300,4 +300,3 @@ def execute(
         },
     )
     return summary
-
