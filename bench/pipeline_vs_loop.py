@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,8 @@ class TreePeak:
 
     rss_bytes: int = 0
     processes_at_peak: int = 0
-    names_at_peak: list[str] = field(default_factory=list)
+    # RSS by process name at the peak sample (same-named processes summed)
+    by_name_at_peak: dict[str, int] = field(default_factory=dict)
     max_processes: int = 0
     samples: int = 0
 
@@ -117,21 +119,22 @@ class TreeSampler(threading.Thread):
             procs = [root, *root.children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return
-        total = 0
-        names: list[str] = []
+        by_name: Counter[str] = Counter()
+        n = 0
         for proc in procs:
             try:
-                total += proc.memory_info().rss
-                names.append(proc.name())
+                by_name[proc.name()] += proc.memory_info().rss
+                n += 1
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue  # exited between listing and reading: it holds nothing now
+        total = sum(by_name.values())
         peak = self.peak
         peak.samples += 1
-        peak.max_processes = max(peak.max_processes, len(names))
+        peak.max_processes = max(peak.max_processes, n)
         if total > peak.rss_bytes:
             peak.rss_bytes = total
-            peak.processes_at_peak = len(names)
-            peak.names_at_peak = names
+            peak.processes_at_peak = n
+            peak.by_name_at_peak = dict(by_name)
 
 
 @dataclass
@@ -551,6 +554,12 @@ def machine_lines() -> list[str]:
     ]
 
 
+def rss_breakdown(peak: TreePeak) -> str:
+    """``name MiB`` per process name at the peak sample, largest first."""
+    ranked = sorted(peak.by_name_at_peak.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {rss / MIB:.0f}" for name, rss in ranked) + " (MiB)"
+
+
 def report(args: argparse.Namespace, a: Side, b: Side, checks: list[str], load: str) -> str:
     peak_a = a.measured.peak
     lines = [
@@ -571,9 +580,8 @@ def report(args: argparse.Namespace, a: Side, b: Side, checks: list[str], load: 
         f"over samples every {args.interval:g} s, of the RSS summed over the process and all "
         "its descendants (shared pages count once per process that maps them).",
         "",
-        f"- (a) processes at peak RSS: {peak_a.processes_at_peak} "
-        f"({', '.join(sorted(set(peak_a.names_at_peak)))}); max in tree: "
-        f"{peak_a.max_processes}; {peak_a.samples} samples",
+        f"- (a) RSS at its peak, {peak_a.processes_at_peak} processes (max in tree "
+        f"{peak_a.max_processes}, {peak_a.samples} samples): {rss_breakdown(peak_a)}",
         *(f"- (a) {d}" for d in a.details),
         *(f"- (b) {d}" for d in b.details),
         f"- counts: (a) {a.sentences:,} sentences, {a.tokens:,} tokens; "
