@@ -347,17 +347,6 @@ class Side:
         return self.documents / seconds, self.sentences / seconds, self.tokens / seconds
 
 
-def part_file_window(documents_dir: Path) -> tuple[float, int, int] | None:
-    """Seconds between the first and last documents part written, the documents written
-    after the first part, and the number of parts; None with fewer than two parts."""
-    parts = sorted(documents_dir.glob("part-*.parquet"), key=lambda p: p.stat().st_mtime_ns)
-    if len(parts) < 2:
-        return None
-    span = (parts[-1].stat().st_mtime_ns - parts[0].stat().st_mtime_ns) / 1e9
-    after_first = sum(pq.read_metadata(p).num_rows for p in parts[1:])
-    return span, after_first, len(parts)
-
-
 def ray_side(measured: Measured, out: Path) -> tuple[Side, pa.Table]:
     manifest = json.loads((out / "_manifest.json").read_text())
     counts = manifest["counts"]
@@ -372,17 +361,12 @@ def ray_side(measured: Measured, out: Path) -> tuple[Side, pa.Table]:
         f"{timings['wall_seconds']:.1f} s",
         f"stage busy seconds summed over batches (stages overlap): {busy}",
     ]
-    processing = None
-    window = part_file_window(out / "documents")
-    if window is not None:
-        span, after_first, n_parts = window
-        if span > 0:
-            processing = counts["documents"] * span / after_first
-            details.append(
-                f"processing-only (est.): {processing:.1f} s = all documents at the "
-                f"steady-state rate between the first and last of {n_parts} documents parts "
-                f"({after_first} docs in {span:.1f} s)"
-            )
+    processing = timings["processing_seconds"]
+    details.append(
+        f"processing only (manifest timings.processing_seconds: streaming every batch, "
+        f"after {timings['startup_seconds']:.1f} s of checks, Ray start and model loads): "
+        f"{processing:.1f} s"
+    )
     if counts["errors"]:
         details.append(f"WARNING: {counts['errors']} documents failed (see {out}/errors)")
     side = Side(

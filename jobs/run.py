@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from pipeline.config import Config
 from pipeline.errors import ModelError, RunFailed, UsageError
-from pipeline.schema import DOC_ID, TEXT
+from pipeline.schema import DOC_ID, N_TOKENS, TEXT
 from pipeline.sink import (
     TABLES,
     BatchStats,
@@ -51,6 +51,8 @@ class RunSummary:
     batches: int = 0  # batches processed by this invocation
     skipped_batches: int = 0  # committed by an earlier invocation of the same run
     wall_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    processing_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, dict[str, int]] = field(default_factory=dict)
     already_complete: bool = False
@@ -184,16 +186,53 @@ def open_output(
     return fs, root, run_id, set(), None
 
 
-def _final_counts(fs: pafs.FileSystem, root: str) -> tuple[int, int, int, int]:
-    """Count the committed tables (documents, distinct doc ids, sentences, errors)."""
+def _final_counts(fs: pafs.FileSystem, root: str) -> dict[str, int]:
+    """Count what the committed tables hold (the manifest reports tables, not hopes)."""
 
     def ds(table: str) -> pads.Dataset:
         return pads.dataset(f"{root}/{table}", filesystem=fs, format="parquet")
 
     ids = ds("documents").to_table(columns=[DOC_ID])[DOC_ID]
-    n_sent = ds("sentences").count_rows()
-    n_err = ds("errors").count_rows()
-    return len(ids), pc.count_distinct(ids).as_py(), n_sent, n_err
+    tokens = ds("sentences").to_table(columns=[N_TOKENS])[N_TOKENS]
+    return {
+        "documents": len(ids),
+        "distinct_ids": pc.count_distinct(ids).as_py(),
+        "sentences": len(tokens),
+        "tokens": int(pc.sum(tokens).as_py() or 0),
+        "errors": ds("errors").count_rows(),
+    }
+
+
+def _manifest(
+    p: Plan, summary: RunSummary, models: dict[str, str], committed: set[str]
+) -> dict[str, Any]:
+    return {
+        "run_id": summary.run_id,
+        "finished": dt.datetime.now(dt.UTC).isoformat(),
+        "input": {"uri": p.input_uri, "files": [asdict(f) for f in p.files]},
+        "output": summary.output,
+        "config": p.cfg.model_dump(),
+        "models": models,
+        "labels": p.labels,
+        "counts": {
+            "documents": summary.documents,
+            "sentences": summary.sentences,
+            "errors": summary.errors,
+            "tokens": summary.tokens,
+            "batches": len(committed),
+        },
+        "committed_batches": sorted(committed),
+        "resumed_batches": summary.skipped_batches,
+        "timings": {
+            "wall_seconds": summary.wall_seconds,
+            # checks, Ray start and model loading, then streaming the batches
+            "startup_seconds": summary.startup_seconds,
+            "processing_seconds": summary.processing_seconds,
+            "stage_seconds": summary.stage_seconds,
+        },
+        "backends": summary.backends,
+        "warnings": p.warnings,
+    }
 
 
 def execute(
@@ -236,6 +275,7 @@ def execute(
         if b in skip
     )
     with ray_session(cfg), stage_pools(cfg) as (actors, dispatcher, info):
+        summary.startup_seconds = time.perf_counter() - t0
         if on_start:
             on_start(p.n_documents, done_docs)
         slots = sum(dispatcher.slots(s) for s in dispatcher.pools)
@@ -255,48 +295,27 @@ def execute(
             stage_seconds.update(stats.seconds)
             for stage, backend in stats.backends.items():
                 served.setdefault(stage, Counter())[backend] += 1
-            summary.tokens += stats.tokens
             if on_batch:
                 on_batch(stats)
 
         stats = executor.run(p.units, skip, record)
+        summary.processing_seconds = time.perf_counter() - t0 - summary.startup_seconds
     summary.batches = len(stats)
-    n_rows, n_ids, summary.sentences, summary.errors = _final_counts(fs, root)
-    if n_rows != p.n_documents or n_ids != p.n_documents:
+    counts = _final_counts(fs, root)
+    if not counts["documents"] == counts["distinct_ids"] == p.n_documents:
         raise RunFailed(
-            f"{output_uri}/documents has {n_rows} rows for {n_ids} ids but the "
-            f"input has {p.n_documents} documents; the run is not committed"
+            f"{output_uri}/documents has {counts['documents']} rows for "
+            f"{counts['distinct_ids']} ids but the input has {p.n_documents} documents; "
+            "the run is not committed"
         )
-    summary.documents = n_rows
+    summary.documents = counts["documents"]
+    summary.sentences, summary.errors = counts["sentences"], counts["errors"]
+    summary.tokens = counts["tokens"]
     summary.wall_seconds = time.perf_counter() - t0
     summary.stage_seconds = dict(stage_seconds)
     summary.backends = {s: dict(c) for s, c in served.items()}
+    committed = skip | {s.batch_id for s in stats}
     write_manifest(
-        fs,
-        root,
-        {
-            "run_id": run_id,
-            "finished": dt.datetime.now(dt.UTC).isoformat(),
-            "input": {"uri": input_uri, "files": [asdict(f) for f in p.files]},
-            "output": output_uri,
-            "config": cfg.model_dump(),
-            "models": {s: i["version"] for s, i in info.items()},
-            "labels": p.labels,
-            "counts": {
-                "documents": summary.documents,
-                "sentences": summary.sentences,
-                "errors": summary.errors,
-                "tokens": summary.tokens,
-                "batches": len(skip) + len(stats),
-            },
-            "committed_batches": sorted(skip | {s.batch_id for s in stats}),
-            "resumed_batches": len(skip),
-            "timings": {
-                "wall_seconds": summary.wall_seconds,
-                "stage_seconds": summary.stage_seconds,
-            },
-            "backends": summary.backends,
-            "warnings": p.warnings,
-        },
+        fs, root, _manifest(p, summary, {s: i["version"] for s, i in info.items()}, committed)
     )
     return summary

@@ -22,7 +22,6 @@ from pipeline.batch import Batch
 from pipeline.schema import (
     DOC_ID,
     EMBEDDING,
-    N_TOKENS,
     PROBS,
     STAGES,
     TRUNCATED,
@@ -118,7 +117,6 @@ class BatchStats:
     documents: int
     sentences: int
     errors: int
-    tokens: int
     seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, str] = field(default_factory=dict)
 
@@ -140,7 +138,6 @@ def write_batch(
         documents=docs.num_rows,
         sentences=sents.num_rows,
         errors=pc.count_distinct(batch.errors[DOC_ID]).as_py(),
-        tokens=int(pc.sum(batch.table[N_TOKENS]).as_py() or 0),
         seconds={**batch.seconds, "write": time.perf_counter() - t0},
         backends=dict(batch.backends),
     )

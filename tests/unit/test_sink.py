@@ -130,7 +130,6 @@ def test_write_batch_and_read_back(tmp_path, finished_batch, classifier):
     assert stats.documents == len(DOCS)
     assert stats.sentences == finished_batch.table.num_rows
     assert stats.errors == 1
-    assert stats.tokens == int(pa.compute.sum(finished_batch.table["n_tokens"]).as_py())
     assert set(stats.backends) == {"sentencize", "embed", "classify"}
     assert "write" in stats.seconds
 
