@@ -28,16 +28,18 @@ SEED = 0
 
 @dataclass(frozen=True)
 class HeadParams:
-    """Hyperparameters of the classifier head (see README, "Classifier")."""
+    """Hyperparameters of the classifier head, chosen on the held-out split (BENCHMARKS.md,
+    "Classifier"): an ensemble of MLPs trained jointly and averaged inside one model gave
+    +0.015-0.02 macro-F1 over a single MLP and far less seed variance; 3 members did as
+    well as 5 on the hold-out at 60% of the size (4 MB)."""
 
+    members: int = 3
     hidden: tuple[int, ...] = (512, 256)
-    dropout: float = 0.3
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-4
-    label_smoothing: float = 0.05
-    batch_size: int = 64
-    max_epochs: int = 60
-    patience: int = 8
+    dropout: float = 0.5
+    learning_rate: float = 2e-3
+    batch_size: int = 256
+    max_epochs: int = 100
+    patience: int = 20  # epochs without a better hold-out macro-F1 before stopping
 
 
 def load_labelled(
@@ -140,41 +142,60 @@ def fit_head(
     params: HeadParams,
     seed: int,
 ) -> Any:
-    """A Keras MLP (standardised input, class-weighted loss), early-stopped on the hold-out."""
+    """An ensemble of ReLU MLPs, each with its own class-weighted cross-entropy, averaged in
+    one Keras model; the weights with the best hold-out macro-F1 are kept."""
     import os
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
+    import tensorflow as tf
 
     keras.utils.set_random_seed(seed)
-    norm = keras.layers.Normalization()
-    norm.adapt(x)
-    inputs = keras.Input(shape=(x.shape[1],), name="embedding")
-    h = norm(inputs)
-    for units in params.hidden:
-        h = keras.layers.Dense(units, activation="gelu")(h)
-        h = keras.layers.Dropout(params.dropout)(h)
-    outputs = keras.layers.Dense(n_classes, activation="softmax", name="probs")(h)
-    model = keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(params.learning_rate, weight_decay=params.weight_decay),
-        loss=keras.losses.CategoricalCrossentropy(label_smoothing=params.label_smoothing),
+    tf.config.experimental.enable_op_determinism()  # same seed, same weights
+    inputs = keras.Input(shape=(x.shape[1],), dtype="float32", name="embedding")
+    heads = []
+    for k in range(params.members):
+        h = inputs
+        for j, units in enumerate(params.hidden):
+            h = keras.layers.Dense(units, activation="relu", name=f"m{k}_dense{j}")(h)
+            h = keras.layers.Dropout(params.dropout, name=f"m{k}_drop{j}")(h)
+        heads.append(keras.layers.Dense(n_classes, activation="softmax", name=f"m{k}_probs")(h))
+    trainer = keras.Model(inputs, heads)  # trains every member on its own loss
+    model = keras.Model(inputs, keras.layers.Average(name="probs")(heads), name="head")
+    trainer.compile(
+        optimizer=keras.optimizers.Adam(params.learning_rate),
+        loss=[keras.losses.CategoricalCrossentropy() for _ in heads],
     )
     counts = np.bincount(y, minlength=n_classes)
-    class_weight = {c: len(y) / (n_classes * max(1, n)) for c, n in enumerate(counts)}
-    model.fit(
+    class_weight = len(y) / (n_classes * np.maximum(counts, 1))  # "balanced"
+    weights = class_weight[y].astype(np.float32)
+    onehot = keras.utils.to_categorical(y, n_classes)
+    names = [str(i) for i in range(n_classes)]
+    best: dict[str, Any] = {"f1": -1.0, "weights": None, "wait": 0}
+
+    class KeepBestMacroF1(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:  # noqa: ARG002 - Keras callback signature
+            pred = np.asarray(model(x_hold, training=False)).argmax(axis=1)
+            f1 = metrics(y_hold, pred, names)["macro_f1"]
+            if f1 > best["f1"]:
+                best.update(f1=f1, weights=model.get_weights(), wait=0)
+                return
+            best["wait"] += 1
+            if best["wait"] >= params.patience:
+                trainer.stop_training = True
+
+    trainer.fit(
         x,
-        keras.utils.to_categorical(y, n_classes),
-        validation_data=(x_hold, keras.utils.to_categorical(y_hold, n_classes)),
+        [onehot] * len(heads),
+        sample_weight=[weights] * len(heads),
         batch_size=params.batch_size,
         epochs=params.max_epochs,
-        class_weight=class_weight,
-        callbacks=[
-            keras.callbacks.EarlyStopping(patience=params.patience, restore_best_weights=True)
-        ],
+        shuffle=True,
+        callbacks=[KeepBestMacroF1()],
         verbose=0,
     )
+    model.set_weights(best["weights"])
     return model
 
 

@@ -198,3 +198,19 @@ def test_unknown_installed_pipeline_raises_model_error():
     stage = Sentencizer(SentencizeConfig(spacy_model=name))
     with pytest.raises(ModelError, match=name):
         stage.setup()
+
+
+def test_a_saved_spacy_pipeline_loads_by_path(tmp_path, docs_table):
+    """Any installed or saved pipeline works; one without a sentence component gets the
+    rule-based sentencizer added."""
+    import spacy
+
+    nlp = spacy.blank("en")
+    nlp.meta["name"] = "audit_pipeline"
+    nlp.to_disk(tmp_path / "my_pipeline")
+    stage = Sentencizer(SentencizeConfig(spacy_model=str(tmp_path / "my_pipeline")))
+    stage.setup()
+    assert stage.nlp.has_pipe("sentencizer")
+    assert "en_audit_pipeline" in stage.version
+    out = stage(docs_table(["d"], ["Sales rose. Costs fell."]))
+    assert out[TEXT].to_pylist() == ["Sales rose.", "Costs fell."]
