@@ -493,7 +493,7 @@ def main_table(a: Side, b: Side) -> list[str]:
 def processing_table(a: Side, b: Side) -> list[str]:
     head = ["run (processing only)", "seconds", "docs/s", "sentences/s", "tokens/s"]
     lines = [_row(head), _row(["---", *["---:"] * (len(head) - 1)])]
-    names = {a.name: "(a) est., no Ray start-up or model load", b.name: "(b) no model load"}
+    names = {a.name: "(a) no Ray start-up or model load", b.name: "(b) no model load"}
     for s in (a, b):
         cells = _rate_cells(s.rates(s.processing_s))
         lines.append(_row([names[s.name], _fmt(s.processing_s, 1), *cells]))
