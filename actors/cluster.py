@@ -57,9 +57,15 @@ def ray_session(cfg: Config) -> Iterator[None]:
         ray.shutdown()
 
 
+def actor_name(run_id: str, replica_key: str) -> str:
+    """``docintel:<run id>:<stage>/<backend>/<index>``, unique per run on a cluster."""
+    return f"docintel:{run_id}:{replica_key}"
+
+
 @contextlib.contextmanager
 def stage_pools(
     cfg: Config,
+    run_id: str,
 ) -> Iterator[tuple[dict[str, Any], Dispatcher, dict[str, dict[str, Any]]]]:
     """Start every stage replica, wait until each has loaded its model, kill them after.
 
@@ -74,7 +80,8 @@ def stage_pools(
         pools[stage] = []
         for i in range(res.replicas):
             rep = Replica(stage=stage, index=i, backend="cpu", max_in_flight=res.max_in_flight)
-            actors[rep.key] = cls.options(**actor_options(res)).remote(build_stage(stage, cfg))
+            opts = actor_options(res, actor_name(run_id, rep.key))
+            actors[rep.key] = cls.options(**opts).remote(build_stage(stage, cfg))
             pools[stage].append(rep)
     keys = list(actors)
     try:

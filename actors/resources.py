@@ -29,8 +29,9 @@ class Resources:
         return cls(cpus=pool.cpus, replicas=pool.replicas, max_in_flight=pool.max_in_flight)
 
 
-def actor_options(res: Resources) -> dict[str, Any]:
+def actor_options(res: Resources, name: str) -> dict[str, Any]:
     return {
+        "name": name,  # findable with ray.get_actor (operators, fault tests)
         "num_cpus": res.cpus,
         "num_gpus": res.gpu_fraction,
         "max_restarts": MAX_RESTARTS,

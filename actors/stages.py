@@ -10,6 +10,7 @@ from pipeline.config import Config
 from pipeline.stages import Stage, run_stage
 from pipeline.stages.classify import Classifier
 from pipeline.stages.embed import Embedder
+from pipeline.stages.faults import PoisonedStage
 from pipeline.stages.sentencize import Sentencizer
 
 
@@ -61,10 +62,15 @@ CLASSIFY_TF_THREADS = 1
 
 def build_stage(name: str, cfg: Config) -> Stage:
     """The stage object (config only; the model loads in the actor's ``setup()``)."""
+    stage: Stage
     if name == "sentencize":
-        return Sentencizer(cfg.sentencize)
-    if name == "embed":
-        return Embedder(cfg.embed, replicas=cfg.resources.embed.replicas)
-    if name == "classify":
-        return Classifier(cfg.classify, threads=CLASSIFY_TF_THREADS)
-    raise KeyError(name)
+        stage = Sentencizer(cfg.sentencize)
+    elif name == "embed":
+        stage = Embedder(cfg.embed, replicas=cfg.resources.embed.replicas)
+    elif name == "classify":
+        stage = Classifier(cfg.classify, threads=CLASSIFY_TF_THREADS)
+    else:
+        raise KeyError(name)
+    if cfg.faults.poison_stage == name and cfg.faults.poison_doc_ids:
+        stage = PoisonedStage(stage, cfg.faults.poison_doc_ids)
+    return stage

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
-from pipeline.config import Config
+from pipeline.config import ERROR_FRACTION_MIN_DOCS, Config
 from pipeline.errors import ModelError, RunFailed, UsageError
 from pipeline.schema import DOC_ID, N_TOKENS, TEXT
 from pipeline.sink import (
@@ -203,6 +203,33 @@ def _final_counts(fs: pafs.FileSystem, root: str) -> dict[str, int]:
     }
 
 
+@dataclass
+class ErrorBudget:
+    """Fails the run when more than ``max_fraction`` of the documents end as errors."""
+
+    max_fraction: float
+    documents: int = 0
+    errors: int = 0
+
+    def _check(self, errors: int, documents: int, when: str) -> None:
+        if documents and errors / documents > self.max_fraction:
+            raise RunFailed(
+                f"{errors:,} of {documents:,} documents failed {when} "
+                f"({errors / documents:.0%} > run.max_error_fraction "
+                f"{self.max_fraction:.0%}); the run is not committed. See the errors/ "
+                "table for the reasons; raise run.max_error_fraction only if this is expected"
+            )
+
+    def update(self, stats: BatchStats) -> None:
+        self.documents += stats.documents
+        self.errors += stats.errors
+        if self.documents >= ERROR_FRACTION_MIN_DOCS:
+            self._check(self.errors, self.documents, "so far")
+
+    def check_final(self, errors: int, documents: int) -> None:
+        self._check(errors, documents, "in this run's output")
+
+
 def _manifest(
     p: Plan, summary: RunSummary, models: dict[str, str], committed: set[str]
 ) -> dict[str, Any]:
@@ -266,6 +293,7 @@ def execute(
     from actors.executor import Executor, Sink
 
     summary = RunSummary(run_id, output_uri, skipped_batches=len(skip), warnings=p.warnings)
+    errors = ErrorBudget(cfg.run.max_error_fraction)
     stage_seconds: Counter[str] = Counter()
     served: dict[str, Counter[str]] = {}
     done_docs = sum(
@@ -274,7 +302,7 @@ def execute(
         for k, b in enumerate(u.batch_ids)
         if b in skip
     )
-    with ray_session(cfg), stage_pools(cfg) as (actors, dispatcher, info):
+    with ray_session(cfg), stage_pools(cfg, run_id) as (actors, dispatcher, info):
         summary.startup_seconds = time.perf_counter() - t0
         if on_start:
             on_start(p.n_documents, done_docs)
@@ -292,6 +320,7 @@ def execute(
         )
 
         def record(stats: BatchStats) -> None:
+            errors.update(stats)
             stage_seconds.update(stats.seconds)
             for stage, backend in stats.backends.items():
                 served.setdefault(stage, Counter())[backend] += 1
@@ -308,6 +337,7 @@ def execute(
             f"{counts['distinct_ids']} ids but the input has {p.n_documents} documents; "
             "the run is not committed"
         )
+    errors.check_final(counts["errors"], counts["documents"])
     summary.documents = counts["documents"]
     summary.sentences, summary.errors = counts["sentences"], counts["errors"]
     summary.tokens = counts["tokens"]

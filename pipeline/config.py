@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -70,6 +70,17 @@ IO_TASK_CPUS = 0.25  # Parquet read/decode and write tasks
 # current one computes, without queueing work an idle replica elsewhere could take.
 DEFAULT_MAX_IN_FLIGHT = 2
 
+# --- errors and storage ----------------------------------------------------------------
+# More than half the documents failing means something systemic (wrong column, broken
+# model, unreadable data), not a few bad documents: the run fails instead of committing.
+DEFAULT_MAX_ERROR_FRACTION = 0.5
+# Errors are judged only after this many documents, so one early poison document in a
+# small first batch does not fail the run.
+ERROR_FRACTION_MIN_DOCS = 50
+# Attempts per S3 request on transient errors (500, 503, throttling, dropped connections),
+# with the AWS SDK's exponential backoff; permanent errors (403, no such bucket) fail fast.
+DEFAULT_S3_ATTEMPTS = 6
+
 BUNDLED_CLASSIFIER = REPO_ROOT / "models" / "finsent"
 
 
@@ -95,6 +106,8 @@ class RunConfig(_Strict):
     # Ray object store for the embedded local Ray, in MiB (0 = Ray's default).
     object_store_mb: int = Field(0, ge=0)
     show_progress: bool = True
+    # Fraction of documents that may end as error rows before the run fails (exit 1).
+    max_error_fraction: float = Field(DEFAULT_MAX_ERROR_FRACTION, ge=0, le=1)
 
 
 class SentencizeConfig(_Strict):
@@ -140,6 +153,25 @@ class ResourcesConfig(_Strict):
     io_cpus: float = Field(IO_TASK_CPUS, gt=0)
 
 
+class StorageConfig(_Strict):
+    """S3 access. Credentials come from the standard AWS chain (environment, profile,
+    instance role), never from this file, and are never logged or written."""
+
+    # "" = AWS S3; an S3-compatible store: "http://127.0.0.1:9000" (scheme sets TLS)
+    s3_endpoint: str = ""
+    s3_region: str = ""  # "" = the AWS chain's region (AWS_REGION, profile) or us-east-1
+    s3_attempts: int = Field(DEFAULT_S3_ATTEMPTS, ge=1)
+
+
+class FaultsConfig(_Strict):
+    """Test-only fault injection, so tests exercise real failure paths end to end. Empty
+    by default; never set it in production configs."""
+
+    # A stage raises for these document ids (their sentences, after sentencize).
+    poison_stage: Literal["", "sentencize", "embed", "classify"] = ""
+    poison_doc_ids: tuple[str, ...] = ()
+
+
 class Config(_Strict):
     input: InputConfig = InputConfig()
     run: RunConfig = RunConfig()
@@ -147,6 +179,8 @@ class Config(_Strict):
     embed: EmbedConfig = EmbedConfig()
     classify: ClassifyConfig = ClassifyConfig()
     resources: ResourcesConfig = ResourcesConfig()
+    storage: StorageConfig = StorageConfig()
+    faults: FaultsConfig = FaultsConfig()
 
     @field_validator("input")
     @classmethod

@@ -9,6 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.config import Config, load_config
+
 REPO = Path(__file__).resolve().parent.parent
 VALID_CSV = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
 
@@ -27,6 +29,13 @@ def write_docs(
         pa.table({"doc_id": pa.array(ids), "text": text}), path, row_group_size=row_group_size
     )
     return path
+
+
+def run_config(**overrides: object) -> Config:
+    """Defaults for tests: small batches (several per file), no progress bar."""
+    base: dict[str, object] = {"run.batch_size": 4, "run.show_progress": False}
+    base.update(overrides)
+    return load_config(None, base)
 
 
 def read_output(out: Path) -> dict[str, pd.DataFrame]:

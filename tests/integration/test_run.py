@@ -9,20 +9,13 @@ import pyarrow as pa
 import pytest
 
 from jobs.run import execute
-from pipeline.config import load_config
 from pipeline.errors import UsageError
-from tests.conftest import assert_exactly_once, write_docs
+from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 NO_PUNCT_10K = ("lorem ipsum dolor sit amet " * 400)[:10_000]
 ONE_MILLION = "growth " * 142_857 + "x"  # 1,000,000 chars, no sentence punctuation
-
-
-def _cfg(**overrides: object) -> object:
-    base = {"run.batch_size": 4, "run.show_progress": False}
-    base.update(overrides)
-    return load_config(None, base)
 
 
 def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) -> None:
@@ -41,7 +34,7 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     write_docs(tmp_path / "in" / "part-a.parquet", ids_a, normal)
     write_docs(tmp_path / "in" / "sub" / "part-b.parquet", ids_b, hostile, row_group_size=3)
     out = tmp_path / "out"
-    summary = execute(_cfg(), str(tmp_path / "in"), str(out))
+    summary = execute(run_config(), str(tmp_path / "in"), str(out))
 
     tables = assert_exactly_once(out, ids_a + ids_b)
     docs = tables["documents"].set_index("doc_id")
@@ -89,7 +82,8 @@ def test_undecodable_and_non_string_text_become_error_rows(tmp_path: Path) -> No
     )
     write_docs(inp / "ints.parquet", ["n1", "n2"], [1, 2])
     out = tmp_path / "out"
-    summary = execute(_cfg(**{"run.embeddings": False}), str(inp), str(out))
+    cfg = run_config(**{"run.embeddings": False, "run.max_error_fraction": 1.0})
+    summary = execute(cfg, str(inp), str(out))
     tables = assert_exactly_once(out, ["ok1", "bad", "ok2", "n1", "n2"])
     errors = tables["errors"].set_index("doc_id")
     assert sorted(errors.index) == ["bad", "n1", "n2"]
@@ -109,7 +103,9 @@ def test_integer_ids_and_custom_columns(tmp_path: Path) -> None:
 
     pq.write_table(pa.table({"uuid": [10, 11, 12], "body": ["A.", "B c.", "D e f."]}), path)
     out = tmp_path / "out"
-    execute(_cfg(**{"input.id_column": "uuid", "input.text_column": "body"}), str(path), str(out))
+    execute(
+        run_config(**{"input.id_column": "uuid", "input.text_column": "body"}), str(path), str(out)
+    )
     assert_exactly_once(out, ["10", "11", "12"])
 
 
@@ -117,7 +113,7 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
     ids = [f"d{i:02d}" for i in range(24)]
     inp = write_docs(tmp_path / "in.parquet", ids, headlines[:24], row_group_size=8)
     out = tmp_path / "out"
-    cfg = _cfg(**{"run.run_id": "r1", "run.embeddings": False})
+    cfg = run_config(**{"run.run_id": "r1", "run.embeddings": False})
     first = execute(cfg, str(inp), str(out))
     assert first.batches == 6 and first.skipped_batches == 0
     before = assert_exactly_once(out, ids)
@@ -131,7 +127,7 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
     for p in lost:
         p.unlink()
     with pytest.raises(UsageError, match="unfinished run 'r1'"):
-        execute(_cfg(**{"run.embeddings": False}), str(inp), str(out))
+        execute(run_config(**{"run.embeddings": False}), str(inp), str(out))
     resumed = execute(cfg, str(inp), str(out))
     assert resumed.batches == 2 and resumed.skipped_batches == 4
     after = assert_exactly_once(out, ids)
@@ -145,6 +141,6 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
 def test_refuses_other_runs_output(tmp_path: Path, headlines: list[str]) -> None:
     inp = write_docs(tmp_path / "in.parquet", ["x", "y"], headlines[:2])
     out = tmp_path / "out"
-    execute(_cfg(**{"run.run_id": "first"}), str(inp), str(out))
+    execute(run_config(**{"run.run_id": "first"}), str(inp), str(out))
     with pytest.raises(UsageError, match="already holds completed run 'first'"):
-        execute(_cfg(**{"run.run_id": "second"}), str(inp), str(out))
+        execute(run_config(**{"run.run_id": "second"}), str(inp), str(out))

@@ -1,0 +1,142 @@
+"""Failures on purpose, against real parts: poison documents, killed actors, a killed driver."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from actors.cluster import actor_name
+from jobs.run import execute
+from pipeline.errors import RunFailed
+from tests.conftest import REPO, assert_exactly_once, run_config, write_docs
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def _corpus(tmp_path: Path, headlines: list[str], n: int, row_group: int = 4) -> tuple[Path, list]:
+    ids = [f"d{i:03d}" for i in range(n)]
+    texts = [" ".join(h.rstrip(".") + "." for h in headlines[i * 2 : i * 2 + 2]) for i in range(n)]
+    return write_docs(tmp_path / "in.parquet", ids, texts, row_group_size=row_group), ids
+
+
+def test_poison_document_is_isolated(tmp_path: Path, headlines: list[str]) -> None:
+    """A stage that raises for one document: one error row, full results for batch-mates."""
+    inp, ids = _corpus(tmp_path, headlines, 9, row_group=9)
+    cfg = run_config(
+        **{"run.batch_size": 16, "faults.poison_stage": "embed", "faults.poison_doc_ids": ["d004"]}
+    )
+    out = tmp_path / "out"
+    summary = execute(cfg, str(inp), str(out))
+    tables = assert_exactly_once(out, ids)
+    err = tables["errors"]
+    assert err.doc_id.tolist() == ["d004"]
+    assert err.stage.tolist() == ["embed"] and err.error_type.tolist() == ["InjectedFault"]
+    assert "d004" in err.message.iloc[0]
+    docs = tables["documents"].set_index("doc_id")
+    assert docs.loc["d004", "status"] == "error" and docs.loc["d004", "n_sentences"] == 0
+    ok = docs.drop(index="d004")
+    assert (ok.status == "ok").all() and (ok.n_sentences >= 1).all()
+    assert set(tables["sentences"].doc_id) == set(ids) - {"d004"}
+    assert summary.errors == 1
+
+
+def test_flood_of_errors_fails_the_run(tmp_path: Path, headlines: list[str]) -> None:
+    inp, ids = _corpus(tmp_path, headlines, 6)
+    cfg = run_config(**{"faults.poison_stage": "classify", "faults.poison_doc_ids": ids[:4]})
+    out = tmp_path / "out"
+    with pytest.raises(RunFailed, match=r"4 of 6 documents failed .*max_error_fraction"):
+        execute(cfg, str(inp), str(out))
+    assert not (out / "_manifest.json").exists()
+
+
+def test_killed_stage_actor_is_restarted_and_nothing_is_lost(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    inp, ids = _corpus(tmp_path, headlines, 24)
+    cfg = run_config(**{"run.run_id": "kill1", "run.batch_size": 2})
+    pids: list[int] = []
+
+    def kill_embed_once(stats: object) -> None:
+        if pids:
+            return
+        handle = ray.get_actor(actor_name("kill1", "embed/cpu/0"))
+        pids.append(ray.get(handle.ready.remote())["pid"])
+        ray.kill(handle, no_restart=False)  # as an OOM kill would: Ray restarts it
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the kill is asynchronous; wait for the new one
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                pid = ray.get(handle.ready.remote())["pid"]
+                if pid != pids[0]:
+                    pids.append(pid)
+                    return
+            time.sleep(0.2)
+
+    out = tmp_path / "out"
+    summary = execute(cfg, str(inp), str(out), on_batch=kill_embed_once)
+    assert len(pids) == 2, "the embed actor was not replaced"
+    assert summary.batches == 12 and summary.errors == 0
+    assert_exactly_once(out, ids)
+
+
+def test_sigkill_driver_then_resume_redoes_only_uncommitted(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    inp, ids = _corpus(tmp_path, headlines, 80)
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "run",
+        str(inp),
+        str(out),
+        "--run-id",
+        "crash1",
+        "--batch-size",
+        "2",
+        "--num-cpus",
+        "2",
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    parts = out / "documents"
+    deadline = time.monotonic() + 300
+    tree: list[psutil.Process] = []
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            if parts.is_dir() and len(list(parts.glob("part-*.parquet"))) >= 5:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"driver ended before the kill: {proc.stderr.read()[-2000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:  # the embedded Ray's daemons and workers die with their machine, here by hand
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    done_before = len(list(parts.glob("part-*.parquet")))
+    assert not (out / "_manifest.json").exists()
+    assert 5 <= done_before < 40
+
+    summary = execute(
+        run_config(**{"run.run_id": "crash1", "run.batch_size": 2}), str(inp), str(out)
+    )
+    assert summary.skipped_batches == done_before
+    assert summary.batches == 40 - done_before  # only uncommitted batches were redone
+    assert_exactly_once(out, ids)
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["resumed_batches"] == done_before
+    assert len(manifest["committed_batches"]) == 40
