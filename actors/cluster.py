@@ -44,6 +44,7 @@ def ray_session(cfg: Config) -> Iterator[None]:
         kwargs["address"] = cfg.run.ray_address
     else:
         kwargs.update(
+            address="local",  # always a new embedded instance, never a stale or other cluster
             num_cpus=cfg.run.num_cpus or os.cpu_count(),
             num_gpus=cfg.run.num_gpus,
             include_dashboard=False,

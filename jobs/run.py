@@ -118,7 +118,7 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
 
     check_chain([DOC_ID, TEXT], [build_stage(s, cfg) for s in STAGE_ORDER])
     labels, versions, warnings = check_models(cfg)
-    fs, files = resolve_input(input_uri)
+    fs, files = resolve_input(input_uri, cfg.storage)
     units = plan(fs, files, cfg.input.id_column, cfg.input.text_column, cfg.run.batch_size)
     n_docs = check_ids(fs, files, cfg.input.id_column)
     return Plan(cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings)
@@ -150,7 +150,7 @@ def open_output(
     """Decide new run / resume / already complete. Returns fs, root, run id, skip, manifest."""
     import json
 
-    fs, root = resolve_output(output_uri)
+    fs, root = resolve_output(output_uri, p.cfg.storage)
     manifest = read_manifest(fs, root)
     if manifest is not None:
         if run_id and manifest["run_id"] != run_id:

@@ -24,6 +24,10 @@ class InputError(UsageError):
     """The input cannot be processed as given: missing file, column, unreadable file, ids."""
 
 
+class OutputError(UsageError):
+    """The output location cannot be used as given: missing bucket, no permission."""
+
+
 class ModelError(UsageError):
     """A model file is missing or does not match what the pipeline expects."""
 

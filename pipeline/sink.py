@@ -2,8 +2,8 @@
 
 Each batch writes ``errors/part-<batch id>.parquet``, ``sentences/part-<batch id>.parquet``
 and, last, ``documents/part-<batch id>.parquet``: a batch whose documents part exists is
-complete. Files are written under a hidden temporary name and renamed, so readers
-(which skip hidden files) never see half a file.
+complete. Readers never see half a file: local files are written under a hidden temporary
+name (readers skip hidden files) and renamed; on S3 each part is one atomic PUT.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.batch import Batch
+from pipeline.config import StorageConfig
 from pipeline.schema import (
     DOC_ID,
     EMBEDDING,
@@ -29,17 +30,18 @@ from pipeline.schema import (
     label_count_column,
     sentences_schema,
 )
+from pipeline.storage import check_bucket, is_local, resolve_uri
 
 TABLES = ("documents", "sentences", "errors")
 MANIFEST = "_manifest.json"
+COMPRESSION = "zstd"  # small files, fast to decode; every reader we target supports it
 
 
-def resolve_output(uri: str) -> tuple[pafs.FileSystem, str]:
-    from pathlib import Path
-
-    target = uri if "://" in uri else str(Path(uri).expanduser().resolve())
-    fs, root = pafs.FileSystem.from_uri(target)
-    return fs, root.rstrip("/")
+def resolve_output(uri: str, storage: StorageConfig) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and root path of the output; on S3, the bucket must exist."""
+    fs, root = resolve_uri(uri, storage, "output")
+    check_bucket(fs, root, "output")
+    return fs, root.rstrip("/") or "/"
 
 
 def part_path(root: str, table: str, batch_id: str) -> str:
@@ -47,16 +49,34 @@ def part_path(root: str, table: str, batch_id: str) -> str:
 
 
 def atomic_write(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None:
-    """Write ``data`` to a hidden sibling, then rename it into place."""
+    """Make ``path`` appear whole or not at all.
+
+    Locally: write a hidden sibling, then rename it into place. Object stores have no
+    atomic rename (pyarrow's move there is copy + delete), but each PUT is atomic per
+    object: encode in memory first, then upload the finished bytes straight to ``path``.
+    """
+    if not is_local(fs):
+        payload = _encode(data)
+        with fs.open_output_stream(path) as out:
+            out.write(payload)
+        return
     folder, _, name = path.rpartition("/")
     fs.create_dir(folder, recursive=True)
     tmp = f"{folder}/.{name}.tmp"
     if isinstance(data, pa.Table):
-        pq.write_table(data, tmp, filesystem=fs, compression="zstd")
+        pq.write_table(data, tmp, filesystem=fs, compression=COMPRESSION)
     else:
         with fs.open_output_stream(tmp) as out:
             out.write(data)
     fs.move(tmp, path)
+
+
+def _encode(data: pa.Table | bytes) -> bytes | pa.Buffer:
+    if not isinstance(data, pa.Table):
+        return data
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, compression=COMPRESSION)
+    return sink.getvalue()
 
 
 def documents_table(batch: Batch, labels: list[str]) -> pa.Table:

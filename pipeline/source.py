@@ -20,8 +20,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.batch import Batch
+from pipeline.config import StorageConfig
 from pipeline.errors import InputError
 from pipeline.schema import DOC_ID, TEXT, error_table
+from pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 
 _GLOB_CHARS = "*?["
 MAX_REPORTED_DUPLICATES = 5  # enough to find the pattern, short enough to read
@@ -49,24 +51,32 @@ def _file_key(relative: str) -> str:
     return hashlib.sha1(relative.encode()).hexdigest()[:10]
 
 
-def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
-    """The filesystem and the sorted Parquet files that ``uri`` names."""
+def resolve_input(uri: str, storage: StorageConfig) -> tuple[pafs.FileSystem, list[InputFile]]:
+    """The filesystem and the sorted Parquet files that ``uri`` names (local or S3)."""
     pattern = None
     base = uri
     if any(ch in uri for ch in _GLOB_CHARS):
         cut = min(uri.index(ch) for ch in _GLOB_CHARS if ch in uri)
         base = uri[: uri.rfind("/", 0, cut) + 1] or "."
         pattern = uri[len(base) :]
-    try:
-        fs, root = pafs.FileSystem.from_uri(base if "://" in base else _abs(base))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"cannot open input {uri!r}: {e}") from e
+    fs, root = resolve_uri(base, storage, "input")
     root = root.rstrip("/") or "/"
+    try:
+        return fs, _list_input(fs, root, uri, pattern)
+    except OSError as e:
+        if is_local(fs):
+            raise
+        raise s3_error(e, display_uri(fs, root)) from e
+
+
+def _list_input(fs: pafs.FileSystem, root: str, uri: str, pattern: str | None) -> list[InputFile]:
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
+        check_bucket(fs, root, "input")
         raise InputError(f"input {uri!r} does not exist")
     if info.type == pafs.FileType.File and pattern is None:
-        return fs, [InputFile(uri, root, info.size, _file_key(PurePosixPath(root).name))]
+        shown = uri if is_local(fs) else display_uri(fs, root)
+        return [InputFile(shown, root, info.size, _file_key(PurePosixPath(root).name))]
     entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     files = []
     for e in sorted(entries, key=lambda e: e.path):
@@ -80,12 +90,11 @@ def resolve_input(uri: str) -> tuple[pafs.FileSystem, list[InputFile]]:
                 continue
         elif not rel.endswith((".parquet", ".parq", ".pq")):
             continue
-        shown = f"{base.rstrip('/')}/{rel}" if "://" in uri else e.path
-        files.append(InputFile(shown, e.path, e.size, _file_key(rel)))
+        files.append(InputFile(display_uri(fs, e.path), e.path, e.size, _file_key(rel)))
     if not files:
         what = f"files matching {pattern!r}" if pattern else "Parquet files (*.parquet)"
         raise InputError(f"input {uri!r} holds no {what}")
-    return fs, files
+    return files
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -108,20 +117,22 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _abs(path: str) -> str:
-    from pathlib import Path
-
-    return str(Path(path).expanduser().resolve())
-
-
 def _open(fs: pafs.FileSystem, f: InputFile) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(fs.open_input_file(f.path))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(
-            f"input file {f.uri} is not a readable Parquet file ({e}); remove it from the "
-            "input or convert it (`docintel ingest` turns .txt/.md files into Parquet)"
-        ) from e
+    except OSError as e:
+        if not is_local(fs):
+            raise s3_error(e, f.uri) from e  # access, network: not the file's fault
+        raise _not_parquet(f, e) from e
+    except pa.ArrowInvalid as e:
+        raise _not_parquet(f, e) from e
+
+
+def _not_parquet(f: InputFile, e: Exception) -> InputError:
+    return InputError(
+        f"input file {f.uri} is not a readable Parquet file ({e}); remove it from the "
+        "input or convert it (`docintel ingest` turns .txt/.md files into Parquet)"
+    )
 
 
 def plan(

@@ -15,6 +15,7 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024  # tiny corpora; keeps the test node's fo
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     ray.init(
+        address="local",
         num_cpus=2,
         num_gpus=0,
         include_dashboard=False,

@@ -39,7 +39,8 @@ def test_stage_resources_and_actor_options():
     res = stage_resources(Config())
     assert set(res) == {"sentencize", "embed", "classify"}
     assert res["embed"].cpus == 1.0
-    opts = actor_options(res["embed"])
+    opts = actor_options(res["embed"], "docintel:r1:embed/cpu/0")
+    assert opts["name"] == "docintel:r1:embed/cpu/0"
     assert opts["num_cpus"] == 1.0
     assert opts["num_gpus"] == 0.0
     assert opts["max_concurrency"] == 1

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.batch import Batch
+from pipeline.config import StorageConfig
 from pipeline.schema import (
     DOC_ID,
     ERRORS_SCHEMA,
@@ -38,6 +39,8 @@ from pipeline.sink import (
 from pipeline.source import plan, read_unit, resolve_input
 from pipeline.stages import run_stage
 
+STORAGE = StorageConfig()  # defaults: these tests write local files only
+
 DOCS = {
     "multi": b"Revenue rose 5% in Q2. Margins fell sharply. Guidance was cut! Shares dropped.",
     "blank": b"   \n\t  ",
@@ -55,7 +58,7 @@ def finished_batch(tmp_path_factory, sentencizer, embedder, classifier) -> Batch
     pq.write_table(
         pa.table({DOC_ID: list(DOCS), TEXT: pa.array(list(DOCS.values()), pa.binary())}), path
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     (unit,) = plan(fs, files, DOC_ID, TEXT, 100)
     (batch,) = read_unit(fs, unit, DOC_ID, TEXT, 100)
     for stage in (sentencizer, embedder, classifier):
@@ -120,7 +123,7 @@ def test_errors_carry_the_read_failure(finished_batch):
 
 def test_write_batch_and_read_back(tmp_path, finished_batch, classifier):
     labels = classifier.labels
-    fs, root = resolve_output(str(tmp_path / "out"))
+    fs, root = resolve_output(str(tmp_path / "out"), STORAGE)
     stats = write_batch(fs, root, finished_batch, labels, embeddings=True)
     bid = finished_batch.batch_id
     for table in ("documents", "sentences", "errors"):
@@ -169,7 +172,7 @@ def test_write_batch_and_read_back(tmp_path, finished_batch, classifier):
 
 
 def test_write_batch_without_embeddings(tmp_path, finished_batch, classifier):
-    fs, root = resolve_output(str(tmp_path / "out"))
+    fs, root = resolve_output(str(tmp_path / "out"), STORAGE)
     write_batch(fs, root, finished_batch, classifier.labels, embeddings=False)
     sentences = pq.read_table(part_path(root, "sentences", finished_batch.batch_id))
     assert "embedding" not in sentences.column_names
@@ -194,7 +197,7 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
 
 
 def test_manifest_round_trip(tmp_path):
-    fs, root = resolve_output(str(tmp_path / "out"))
+    fs, root = resolve_output(str(tmp_path / "out"), STORAGE)
     assert read_manifest(fs, root) is None
     write_manifest(fs, root, {"run_id": "r1", "batches": ["b1", "b2"], "path": tmp_path})
     got = read_manifest(fs, root)

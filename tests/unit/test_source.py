@@ -10,9 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.config import StorageConfig
 from pipeline.errors import InputError
 from pipeline.schema import DOC_ID, ERRORS_SCHEMA, TEXT
 from pipeline.source import check_ids, plan, read_unit, resolve_input
+
+STORAGE = StorageConfig()  # defaults: these tests read local files only
 
 
 def _docs(n: int, prefix: str = "d") -> pa.Table:
@@ -52,7 +55,7 @@ def _rel(files, root: Path) -> list[str]:
 
 
 def test_resolve_single_file(tree):
-    fs, files = resolve_input(str(tree / "a.parquet"))
+    fs, files = resolve_input(str(tree / "a.parquet"), STORAGE)
     assert len(files) == 1
     f = files[0]
     assert f.uri == str(tree / "a.parquet")
@@ -62,38 +65,38 @@ def test_resolve_single_file(tree):
 
 
 def test_resolve_folder_is_recursive_and_skips_hidden_underscore_and_other_files(tree):
-    _, files = resolve_input(str(tree))
+    _, files = resolve_input(str(tree), STORAGE)
     assert _rel(files, tree) == ["a.parquet", "sub/b.parquet", "sub/d.parq", "sub/deep/c.parquet"]
     # a trailing slash means the same folder
-    _, again = resolve_input(str(tree) + "/")
+    _, again = resolve_input(str(tree) + "/", STORAGE)
     assert _rel(again, tree) == _rel(files, tree)
     assert len({f.key for f in files}) == len(files)
 
 
 def test_resolve_relative_folder(tree, monkeypatch):
     monkeypatch.chdir(tree.parent)
-    _, files = resolve_input("in/sub")
+    _, files = resolve_input("in/sub", STORAGE)
     assert _rel(files, tree / "sub") == ["b.parquet", "d.parq", "deep/c.parquet"]
 
 
 def test_resolve_glob(tree):
-    _, files = resolve_input(str(tree / "sub" / "*.parq"))
+    _, files = resolve_input(str(tree / "sub" / "*.parq"), STORAGE)
     assert _rel(files, tree / "sub") == ["d.parq"]
-    _, files = resolve_input(str(tree / "**" / "c.parquet"))
+    _, files = resolve_input(str(tree / "**" / "c.parquet"), STORAGE)
     assert _rel(files, tree) == ["sub/deep/c.parquet"]
-    _, files = resolve_input(str(tree / "sub" / "[bd].parq*"))
+    _, files = resolve_input(str(tree / "sub" / "[bd].parq*"), STORAGE)
     assert _rel(files, tree / "sub") == ["b.parquet", "d.parq"]
 
 
 def test_glob_star_does_not_descend_into_subfolders(tree):
     """``in/*.parquet`` means the Parquet files directly in ``in/`` (shell and pathlib
     semantics), not every Parquet file below it."""
-    _, files = resolve_input(str(tree / "*.parquet"))
+    _, files = resolve_input(str(tree / "*.parquet"), STORAGE)
     assert _rel(files, tree) == ["a.parquet"]
 
 
 def test_glob_skips_hidden_and_underscore_files(tree):
-    _, files = resolve_input(str(tree / "**.parquet"))
+    _, files = resolve_input(str(tree / "**.parquet"), STORAGE)
     rel = _rel(files, tree)
     assert ".hidden.parquet" not in rel
     assert "_metadata.parquet" not in rel
@@ -104,22 +107,22 @@ def test_glob_skips_hidden_and_underscore_files(tree):
 def test_missing_input_raises_input_error(tmp_path, suffix):
     uri = str(tmp_path / suffix)
     with pytest.raises(InputError, match=re.escape(uri)):
-        resolve_input(uri)
+        resolve_input(uri, STORAGE)
 
 
 def test_folder_without_parquet_raises_input_error(tmp_path):
     (tmp_path / "x.txt").write_text("hello")
     with pytest.raises(InputError, match="no Parquet files"):
-        resolve_input(str(tmp_path))
+        resolve_input(str(tmp_path), STORAGE)
     with pytest.raises(InputError, match=re.escape("'*.csv'")):
-        resolve_input(str(tmp_path / "*.csv"))
+        resolve_input(str(tmp_path / "*.csv"), STORAGE)
 
 
 def test_plan_missing_text_column_names_file_column_and_existing_columns(tmp_path):
     path = _write(
         tmp_path / "docs.parquet", pa.table({DOC_ID: ["a"], "body": ["x"], "lang": ["en"]})
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError) as exc:
         plan(fs, files, DOC_ID, TEXT, 10)
     msg = str(exc.value)
@@ -132,7 +135,7 @@ def test_plan_missing_text_column_names_file_column_and_existing_columns(tmp_pat
 
 def test_plan_missing_id_column(tmp_path):
     path = _write(tmp_path / "docs.parquet", pa.table({"uuid": ["a"], TEXT: ["x"]}))
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError, match="--id-column") as exc:
         plan(fs, files, DOC_ID, TEXT, 10)
     assert "uuid" in str(exc.value)
@@ -140,7 +143,7 @@ def test_plan_missing_id_column(tmp_path):
 
 def test_plan_float_id_column_is_refused(tmp_path):
     path = _write(tmp_path / "docs.parquet", pa.table({DOC_ID: [1.5], TEXT: ["x"]}))
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError, match="double"):
         plan(fs, files, DOC_ID, TEXT, 10)
 
@@ -149,7 +152,7 @@ def test_plan_float_id_column_is_refused(tmp_path):
 def test_non_parquet_file_raises_input_error_naming_it(tmp_path, content):
     path = tmp_path / "junk.parquet"
     path.write_bytes(content)
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError, match=re.escape(str(path))):
         plan(fs, files, DOC_ID, TEXT, 10)
     with pytest.raises(InputError, match=re.escape(str(path))):
@@ -159,9 +162,9 @@ def test_non_parquet_file_raises_input_error_naming_it(tmp_path, content):
 def test_batches_are_deterministic_unique_and_cover_every_row(tmp_path):
     _write(tmp_path / "in" / "one.parquet", _docs(23, "x"), row_group_size=5)
     _write(tmp_path / "in" / "two" / "two.parquet", _docs(7, "y"), row_group_size=4)
-    fs, files = resolve_input(str(tmp_path / "in"))
+    fs, files = resolve_input(str(tmp_path / "in"), STORAGE)
     units = plan(fs, files, DOC_ID, TEXT, batch_size=2)
-    again = plan(*resolve_input(str(tmp_path / "in")), DOC_ID, TEXT, batch_size=2)
+    again = plan(*resolve_input(str(tmp_path / "in"), STORAGE), DOC_ID, TEXT, batch_size=2)
     ids = [b for u in units for b in u.batch_ids]
     assert ids == [b for u in again for b in u.batch_ids]
     assert len(ids) == len(set(ids))
@@ -188,7 +191,7 @@ def test_batch_ids_do_not_depend_on_where_the_folder_lives(tmp_path):
         _write(tmp_path / name / "part" / "f.parquet", _docs(4), row_group_size=2)
     ids = []
     for name in ("run1", "run2"):
-        units = plan(*resolve_input(str(tmp_path / name)), DOC_ID, TEXT, batch_size=3)
+        units = plan(*resolve_input(str(tmp_path / name), STORAGE), DOC_ID, TEXT, batch_size=3)
         ids.append([b for u in units for b in u.batch_ids])
     assert ids[0] == ids[1]
 
@@ -199,7 +202,7 @@ def test_check_ids_counts_documents(tmp_path):
         tmp_path / "in" / "b.parquet",
         pa.table({DOC_ID: pa.array([1, 2, 3], pa.int64()), TEXT: ["x", "y", "z"]}),
     )
-    fs, files = resolve_input(str(tmp_path / "in"))
+    fs, files = resolve_input(str(tmp_path / "in"), STORAGE)
     assert check_ids(fs, files, DOC_ID) == 7
 
 
@@ -208,7 +211,7 @@ def test_check_ids_duplicate_within_a_file(tmp_path):
         tmp_path / "a.parquet",
         pa.table({DOC_ID: ["keep-1", "dup-7", "keep-2", "dup-7"], TEXT: ["a", "b", "c", "d"]}),
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError, match="'dup-7' x2") as exc:
         check_ids(fs, files, DOC_ID)
     assert "keep-1" not in str(exc.value)
@@ -217,7 +220,7 @@ def test_check_ids_duplicate_within_a_file(tmp_path):
 def test_check_ids_duplicate_across_files(tmp_path):
     _write(tmp_path / "in" / "a.parquet", pa.table({DOC_ID: ["same", "a1"], TEXT: ["a", "b"]}))
     _write(tmp_path / "in" / "b.parquet", pa.table({DOC_ID: ["b1", "same"], TEXT: ["c", "d"]}))
-    fs, files = resolve_input(str(tmp_path / "in"))
+    fs, files = resolve_input(str(tmp_path / "in"), STORAGE)
     with pytest.raises(InputError, match="'same'") as exc:
         check_ids(fs, files, DOC_ID)
     assert str(tmp_path / "in" / "a.parquet") in str(exc.value)
@@ -230,7 +233,7 @@ def test_check_ids_integer_and_string_forms_collide(tmp_path):
         pa.table({DOC_ID: pa.array([7, 8], pa.int64()), TEXT: ["a", "b"]}),
     )
     _write(tmp_path / "in" / "b.parquet", pa.table({DOC_ID: ["7"], TEXT: ["c"]}))
-    fs, files = resolve_input(str(tmp_path / "in"))
+    fs, files = resolve_input(str(tmp_path / "in"), STORAGE)
     with pytest.raises(InputError, match="'7'"):
         check_ids(fs, files, DOC_ID)
 
@@ -239,7 +242,7 @@ def test_check_ids_null_raises(tmp_path):
     path = _write(
         tmp_path / "a.parquet", pa.table({DOC_ID: ["a", None, "c"], TEXT: ["x", "y", "z"]})
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     with pytest.raises(InputError, match="null") as exc:
         check_ids(fs, files, DOC_ID)
     assert "row 1" in str(exc.value)
@@ -258,7 +261,7 @@ def test_read_unit_invalid_utf8_becomes_an_error_row(tmp_path):
         tmp_path / "bin.parquet",
         pa.table({DOC_ID: ["a", "b", "bad", "null", "e"], TEXT: pa.array(texts, pa.binary())}),
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     (unit,) = plan(fs, files, DOC_ID, TEXT, 10)
     (batch,) = read_unit(fs, unit, DOC_ID, TEXT, 10)
     assert batch.doc_ids.to_pylist() == ["a", "b", "bad", "null", "e"]
@@ -284,7 +287,7 @@ def test_read_unit_integer_text_column_makes_every_doc_an_error(tmp_path):
         tmp_path / "ints.parquet",
         pa.table({DOC_ID: ["a", "b", "c"], "body": pa.array([1, 2, 3], pa.int64())}),
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     (unit,) = plan(fs, files, DOC_ID, "body", 10)
     (batch,) = read_unit(fs, unit, DOC_ID, "body", 10)
     assert batch.table.num_rows == 0
@@ -303,7 +306,7 @@ def test_read_unit_integer_ids_become_strings(tmp_path):
         tmp_path / "ids.parquet",
         pa.table({DOC_ID: pa.array([10, 2, 300], pa.int64()), TEXT: ["x", "y", "z"]}),
     )
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     (unit,) = plan(fs, files, DOC_ID, TEXT, 2)
     batches = read_unit(fs, unit, DOC_ID, TEXT, 2)
     assert [b.doc_ids.to_pylist() for b in batches] == [["10", "2"], ["300"]]
@@ -320,7 +323,7 @@ def test_read_unit_dictionary_and_large_string_columns(tmp_path):
         }
     )
     path = _write(tmp_path / "dict.parquet", table)
-    fs, files = resolve_input(str(path))
+    fs, files = resolve_input(str(path), STORAGE)
     (unit,) = plan(fs, files, DOC_ID, TEXT, 10)
     (batch,) = read_unit(fs, unit, DOC_ID, TEXT, 10)
     assert batch.doc_ids.to_pylist() == ["a", "b"]
