@@ -1,7 +1,9 @@
 """`docintel`: run the pipeline locally, train and evaluate the classifier, ingest text files.
 
 Exit codes: 0 the command completed (per-document errors are rows, counted in the
-summary); 2 bad usage or configuration, reported before any work; 1 the run failed.
+summary); 1 the run failed; 2 bad usage or configuration, reported before any work;
+3 the run completed but was partial: some input files were unreadable and skipped
+(named in the summary and in the manifest's ``skipped_files``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ console = Console(stderr=True)
 out = Console()
 
 EXAMPLE_CONFIG = "docintel.example.toml"
+EXIT_PARTIAL = 3  # completed, but unreadable input files were skipped
 
 
 def _fail(e: Exception) -> None:
@@ -128,6 +131,14 @@ def run(
         _fail(e)
         return
     _print_summary(summary)
+    if summary.partial:
+        console.print(
+            f"[bold yellow]docintel: partial run:[/] {len(summary.skipped_files)} input "
+            "file(s) were unreadable and skipped (listed above and in _manifest.json "
+            "skipped_files); exit code 3",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_PARTIAL)
 
 
 def _run_with_progress(execute: Any, cfg: Any, input: str, output: str) -> Any:

@@ -31,7 +31,14 @@ from pipeline.sink import (
     resolve_output,
     write_manifest,
 )
-from pipeline.source import InputFile, WorkUnit, check_ids, plan, resolve_input
+from pipeline.source import (
+    InputFile,
+    WorkUnit,
+    check_ids,
+    plan,
+    resolve_input,
+    split_readable,
+)
 from pipeline.stages import check_chain
 from pipeline.stages.classify import read_classifier_meta
 from pipeline.stages.embed import check_encoder_dir, embedding_dim
@@ -56,6 +63,13 @@ class RunSummary:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, dict[str, int]] = field(default_factory=dict)
     already_complete: bool = False
+    skipped_files: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Input files were skipped as unreadable: not every document was read."""
+        return bool(self.skipped_files)
+
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -76,6 +90,7 @@ class Plan:
     labels: list[str]
     versions: dict[str, str]
     warnings: list[str]
+    skipped_files: list[dict[str, str]]  # unreadable inputs: the run is partial
 
 
 def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
@@ -119,9 +134,11 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     check_chain([DOC_ID, TEXT], [build_stage(s, cfg) for s in STAGE_ORDER])
     labels, versions, warnings = check_models(cfg)
     fs, files = resolve_input(input_uri, cfg.storage)
+    files, skipped = split_readable(fs, files)
     units = plan(fs, files, cfg.input.id_column, cfg.input.text_column, cfg.run.batch_size)
     n_docs = check_ids(fs, files, cfg.input.id_column)
-    return Plan(cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings)
+    warnings += [f"skipped unreadable input file: {s['reason']}" for s in skipped]
+    return Plan(cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped)
 
 
 def _committed(fs: pafs.FileSystem, root: str) -> set[str]:
@@ -259,6 +276,8 @@ def _manifest(
         },
         "backends": summary.backends,
         "warnings": p.warnings,
+        "partial": bool(p.skipped_files),
+        "skipped_files": p.skipped_files,
     }
 
 
@@ -287,12 +306,19 @@ def execute(
             c["errors"],
             c["tokens"],
             already_complete=True,
+            skipped_files=manifest.get("skipped_files", []),
         )
 
     from actors.cluster import ray_session, stage_pools
     from actors.executor import Executor, Sink
 
-    summary = RunSummary(run_id, output_uri, skipped_batches=len(skip), warnings=p.warnings)
+    summary = RunSummary(
+        run_id,
+        output_uri,
+        skipped_batches=len(skip),
+        warnings=p.warnings,
+        skipped_files=p.skipped_files,
+    )
     errors = ErrorBudget(cfg.run.max_error_fraction)
     stage_seconds: Counter[str] = Counter()
     served: dict[str, Counter[str]] = {}

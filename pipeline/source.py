@@ -128,11 +128,39 @@ def _open(fs: pafs.FileSystem, f: InputFile) -> pq.ParquetFile:
         raise _not_parquet(f, e) from e
 
 
-def _not_parquet(f: InputFile, e: Exception) -> InputError:
-    return InputError(
+class UnreadableFile(InputError):
+    """An input file that is not readable Parquet; a run over several files skips it."""
+
+
+def _not_parquet(f: InputFile, e: Exception) -> UnreadableFile:
+    return UnreadableFile(
         f"input file {f.uri} is not a readable Parquet file ({e}); remove it from the "
         "input or convert it (`docintel ingest` turns .txt/.md files into Parquet)"
     )
+
+
+def split_readable(
+    fs: pafs.FileSystem, files: list[InputFile]
+) -> tuple[list[InputFile], list[dict[str, str]]]:
+    """The files whose Parquet footer reads, and ``{uri, reason}`` for the others.
+
+    One corrupt file among many should not stop a nightly run: it is reported by name,
+    counted, and the run is marked partial. If no file is readable, that is an error.
+    """
+    ok: list[InputFile] = []
+    skipped: list[dict[str, str]] = []
+    first: UnreadableFile | None = None
+    for f in files:
+        try:
+            _open(fs, f)
+        except UnreadableFile as e:
+            skipped.append({"uri": f.uri, "reason": str(e)})
+            first = first or e
+            continue
+        ok.append(f)
+    if not ok and first is not None:
+        raise first
+    return ok, skipped
 
 
 def plan(
@@ -207,6 +235,16 @@ def check_ids(fs: pafs.FileSystem, files: list[InputFile], id_column: str) -> in
     return total
 
 
+def _read_error(doc: str, error_type: str, message: str, batch_id: str) -> dict[str, str]:
+    return {
+        DOC_ID: doc,
+        "stage": "read",
+        "error_type": error_type,
+        "message": message,
+        "batch_id": batch_id,
+    }
+
+
 def _decode_text(
     col: pa.ChunkedArray, ids: list[str], where: str, batch_id: str, text_column: str
 ) -> tuple[pa.Array, list[dict]]:
@@ -227,27 +265,13 @@ def _decode_text(
                 out.append(None if raw is None else raw.decode("utf-8"))
             except UnicodeDecodeError as e:
                 out.append(None)
-                errors.append(
-                    {
-                        DOC_ID: doc,
-                        "stage": "read",
-                        "error_type": "UnicodeDecodeError",
-                        "message": f"{where}: text of document {doc!r} is not UTF-8 "
-                        f"({e.reason} at byte {e.start})",
-                        "batch_id": batch_id,
-                    }
+                message = (
+                    f"{where}: text of document {doc!r} is not UTF-8 ({e.reason} at byte {e.start})"
                 )
+                errors.append(_read_error(doc, "UnicodeDecodeError", message, batch_id))
         return pa.array(out, pa.string()), errors
-    errors = [
-        {
-            DOC_ID: doc,
-            "stage": "read",
-            "error_type": "TypeError",
-            "message": f"{where}: column {text_column!r} has type {t}; expected string text",
-            "batch_id": batch_id,
-        }
-        for doc in ids
-    ]
+    message = f"{where}: column {text_column!r} has type {t}; expected string text"
+    errors = [_read_error(doc, "TypeError", message, batch_id) for doc in ids]
     return pa.nulls(len(col), pa.string()), errors
 
 
@@ -256,15 +280,29 @@ def read_unit(
 ) -> list[Batch]:
     """Read one row group and cut it into its batches (runs as a Ray task)."""
     pf = _open(fs, unit.file)
-    table = pf.read_row_group(unit.row_group, columns=[id_column, text_column])
+    try:
+        table = pf.read_row_group(unit.row_group, columns=[id_column, text_column])
+        unreadable = None
+    except (pa.ArrowInvalid, OSError) as e:
+        if isinstance(e, OSError) and not is_local(fs):
+            raise  # storage trouble after the S3 retries: the executor retries the batch
+        # corrupt text pages: the ids (already read on the driver) still name every document
+        table = pf.read_row_group(unit.row_group, columns=[id_column])
+        table = table.append_column(text_column, pa.nulls(table.num_rows, pa.string()))
+        unreadable = f"text column {text_column!r} could not be decoded ({e})"
+    where = f"{unit.file.uri} (row group {unit.row_group})"
     batches = []
     for k, batch_id in enumerate(unit.batch_ids):
         part = table.slice(k * batch_size, batch_size)
         ids = pc.cast(part.column(id_column), pa.string()).combine_chunks()
-        where = f"{unit.file.uri} (row group {unit.row_group})"
         text, errs = _decode_text(
             part.column(text_column), ids.to_pylist(), where, batch_id, text_column
         )
+        if unreadable:
+            errs = [
+                _read_error(d, "CorruptData", f"{where}: {unreadable}", batch_id)
+                for d in ids.to_pylist()
+            ]
         failed = {e[DOC_ID] for e in errs}
         docs = pa.table({DOC_ID: ids, TEXT: text})
         if failed:

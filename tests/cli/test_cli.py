@@ -81,13 +81,28 @@ def test_duplicate_ids_exit_2_before_work(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_non_parquet_file_exits_2_naming_it(tmp_path: Path, corpus: Path) -> None:
+def test_non_parquet_file_alone_exits_2_naming_it(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"this is not parquet at all")
+    r = docintel("run", broken, tmp_path / "out")
+    assert r.returncode == 2 and "broken.parquet" in r.stderr and "not a readable" in r.stderr
+
+
+def test_non_parquet_file_in_a_folder_is_skipped_and_the_run_is_partial(
+    tmp_path: Path, corpus: Path
+) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "good.parquet").write_bytes(corpus.read_bytes())
     (folder / "broken.parquet").write_bytes(b"this is not parquet at all")
-    r = docintel("run", folder, tmp_path / "out")
-    assert r.returncode == 2 and "broken.parquet" in r.stderr
+    out = tmp_path / "out"
+    r = docintel("run", folder, out, "--num-cpus", "2")
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "broken.parquet" in r.stderr and "partial run" in r.stderr
+    assert_exactly_once(out, ["a", "b", "c"])  # the good file was processed in full
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["partial"] is True
+    assert [s["uri"] for s in manifest["skipped_files"]] == [str(folder / "broken.parquet")]
 
 
 def test_missing_input_exits_2(tmp_path: Path) -> None:

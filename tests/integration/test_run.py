@@ -144,3 +144,31 @@ def test_refuses_other_runs_output(tmp_path: Path, headlines: list[str]) -> None
     execute(run_config(**{"run.run_id": "first"}), str(inp), str(out))
     with pytest.raises(UsageError, match="already holds completed run 'first'"):
         execute(run_config(**{"run.run_id": "second"}), str(inp), str(out))
+
+
+def test_corrupt_text_pages_become_error_rows(tmp_path: Path) -> None:
+    """A row group whose text pages are corrupt (footer and ids intact): its documents are
+    error rows naming the file and row group; the other row group is processed."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "corrupt.parquet"
+    ids = [f"c{i}" for i in range(8)]
+    texts = [f"Revenue rose {i}%. Costs fell." for i in range(8)]
+    pq.write_table(
+        pa.table({"doc_id": ids, "text": texts}), path, row_group_size=4, compression="none"
+    )
+    offset = pq.ParquetFile(path).metadata.row_group(1).column(1).data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + 12] = b"\xff" * 12  # smash the page header of row group 1's text
+    path.write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    cfg = run_config(**{"run.max_error_fraction": 1.0, "run.embeddings": False})
+    summary = execute(cfg, str(path), str(out))
+    tables = assert_exactly_once(out, ids)
+    errors = tables["errors"].set_index("doc_id")
+    assert sorted(errors.index) == ids[4:]
+    assert set(errors.error_type) == {"CorruptData"}
+    assert "corrupt.parquet (row group 1)" in errors.message.iloc[0]
+    docs = tables["documents"].set_index("doc_id")
+    assert (docs.loc[ids[:4], "n_sentences"] == 2).all()
+    assert summary.errors == 4
