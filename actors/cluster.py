@@ -73,17 +73,21 @@ def stage_pools(
     Yields the actor handles by replica key, the dispatcher over them, and per stage the
     backend and model version its replicas report.
     """
-    check_layout(cfg, ray.cluster_resources().get("CPU", 0.0))
+    cluster = ray.cluster_resources()
+    check_layout(cfg, cluster.get("CPU", 0.0), cluster.get("GPU", 0.0))
     actors: dict[str, Any] = {}
     pools: dict[str, list[Replica]] = {}
-    for stage, res in stage_resources(cfg).items():
+    for stage, stage_pools_ in stage_resources(cfg).items():
         cls = ray.remote(ACTOR_CLASSES[stage])
         pools[stage] = []
-        for i in range(res.replicas):
-            rep = Replica(stage=stage, index=i, backend="cpu", max_in_flight=res.max_in_flight)
-            opts = actor_options(res, actor_name(run_id, rep.key))
-            actors[rep.key] = cls.options(**opts).remote(build_stage(stage, cfg))
-            pools[stage].append(rep)
+        for res in stage_pools_:
+            delay = cfg.faults.gpu_delay_s if res.kind == "gpu" else 0.0
+            for i in range(res.replicas):
+                rep = Replica(stage, i, res.kind, res.max_in_flight)
+                opts = actor_options(res, actor_name(run_id, rep.key))
+                stage_obj = build_stage(stage, cfg, res.kind, res.gpu_fraction)
+                actors[rep.key] = cls.options(**opts).remote(stage_obj, delay)
+                pools[stage].append(rep)
     keys = list(actors)
     try:
         try:
@@ -95,7 +99,8 @@ def stage_pools(
             raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
         stage_info: dict[str, dict[str, Any]] = {}
         for key, info in zip(keys, infos, strict=True):
-            stage_info.setdefault(key.split("/")[0], info)
+            entry = stage_info.setdefault(key.split("/")[0], {**info, "backends": []})
+            entry["backends"].append(info["backend"])
         yield actors, Dispatcher(pools), stage_info
     finally:
         for handle in actors.values():  # free their CPUs for the next run on this cluster

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, ClassVar
 
 from pipeline.batch import Batch
 from pipeline.config import Config
 from pipeline.stages import Stage, run_stage
+from pipeline.stages.base import Placement
 from pipeline.stages.classify import Classifier
 from pipeline.stages.embed import Embedder
 from pipeline.stages.faults import PoisonedStage
@@ -20,8 +22,9 @@ class StageActor:
 
     stage_name: ClassVar[str]
 
-    def __init__(self, stage: Stage) -> None:
+    def __init__(self, stage: Stage, delay_s: float = 0.0) -> None:
         self.stage = stage
+        self.delay_s = delay_s  # test-only slowdown ([faults] gpu_delay_s)
         self.setup_error: Exception | None = None
         try:
             stage.setup()
@@ -36,6 +39,8 @@ class StageActor:
     def process(self, batch: Batch) -> Batch:
         if self.setup_error is not None:
             raise self.setup_error
+        if self.delay_s:
+            time.sleep(self.delay_s)
         return run_stage(self.stage, batch)
 
 
@@ -60,15 +65,20 @@ ACTOR_CLASSES: dict[str, type[StageActor]] = {
 CLASSIFY_TF_THREADS = 1
 
 
-def build_stage(name: str, cfg: Config) -> Stage:
-    """The stage object (config only; the model loads in the actor's ``setup()``)."""
+def build_stage(name: str, cfg: Config, device: str = "cpu", gpu_fraction: float = 0.0) -> Stage:
+    """The stage object (config only; the model loads in the actor's ``setup()``).
+
+    ``device`` is the pool: "gpu" replicas cap their framework at ``gpu_fraction`` of the
+    card and run fp16/bf16, or fp32 on the CPU as ``gpu-sim`` when CUDA is absent.
+    """
     stage: Stage
+    placement = Placement(device, gpu_fraction)
     if name == "sentencize":
-        stage = Sentencizer(cfg.sentencize)
+        stage = Sentencizer(cfg.sentencize, placement)
     elif name == "embed":
-        stage = Embedder(cfg.embed, replicas=cfg.resources.embed.replicas)
+        stage = Embedder(cfg.embed, replicas=cfg.resources.embed.replicas, placement=placement)
     elif name == "classify":
-        stage = Classifier(cfg.classify, threads=CLASSIFY_TF_THREADS)
+        stage = Classifier(cfg.classify, threads=CLASSIFY_TF_THREADS, placement=placement)
     else:
         raise KeyError(name)
     if cfg.faults.poison_stage == name and cfg.faults.poison_doc_ids:

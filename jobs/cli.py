@@ -88,6 +88,20 @@ def run(
             "--embeddings/--no-embeddings", help="Write the embedding column in sentences/."
         ),
     ] = None,
+    spill: Annotated[
+        str | None,
+        typer.Option(
+            help="auto (GPU replicas first, spill to CPU replicas when they are saturated), "
+            "gpu-only, cpu-only, or off (no spill).",
+        ),
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="GPUs declared to the embedded local Ray; logical ones work on machines "
+            "without GPUs (GPU replicas then run on the CPU as gpu-sim).",
+        ),
+    ] = None,
     num_cpus: Annotated[
         int | None, typer.Option(help="CPUs for the embedded local Ray (default: all cores).")
     ] = None,
@@ -122,6 +136,8 @@ def run(
                 "run.batch_size": batch_size,
                 "run.embeddings": embeddings,
                 "run.num_cpus": num_cpus,
+                "run.spill": spill,
+                "run.num_gpus": gpus,
                 "run.ray_address": ray_address,
                 "run.show_progress": None if progress else False,
             },

@@ -66,6 +66,15 @@ SENTENCIZE_CPUS = 0.25  # rule-based spaCy is ~100x cheaper than the encoder
 EMBED_CPUS = 1.0  # the encoder does almost all the arithmetic
 CLASSIFY_CPUS = 0.25  # one small MLP call per batch
 IO_TASK_CPUS = 0.25  # Parquet read/decode and write tasks
+# GPU fractions per replica: the three stages share one card (0.25 + 0.5 + 0.25 = 1); the
+# encoder gets half because it holds the most activations.
+SENTENCIZE_GPU = 0.25
+EMBED_GPU = 0.5
+CLASSIFY_GPU = 0.25
+# A GPU replica mostly waits on its device; a quarter CPU covers its Python and transfers.
+GPU_REPLICA_CPUS = 0.25
+# Spill policy: auto = GPU replicas first, CPU replicas when every GPU slot is busy.
+DEFAULT_SPILL = "auto"
 # In-flight calls per replica: 2 lets the next batch's arguments arrive while the
 # current one computes, without queueing work an idle replica elsewhere could take.
 DEFAULT_MAX_IN_FLIGHT = 2
@@ -106,6 +115,10 @@ class RunConfig(_Strict):
     # Ray object store for the embedded local Ray, in MiB (0 = Ray's default).
     object_store_mb: int = Field(0, ge=0)
     show_progress: bool = True
+    # auto: GPU first, spill to CPU replicas when GPU replicas are saturated; gpu-only /
+    # cpu-only: only that pool is started; off: no spill (a stage with GPU replicas uses
+    # only them, a stage without uses its CPU replicas).
+    spill: Literal["auto", "gpu-only", "cpu-only", "off"] = DEFAULT_SPILL
     # Fraction of documents that may end as error rows before the run fails (exit 1).
     max_error_fraction: float = Field(DEFAULT_MAX_ERROR_FRACTION, ge=0, le=1)
 
@@ -139,17 +152,35 @@ class ClassifyConfig(_Strict):
 
 
 class PoolConfig(_Strict):
-    """Resources of one stage's pool of CPU replicas (GPU pools arrive with issue 3)."""
+    """One stage's replicas: a CPU pool and a GPU pool, each replica with its resources."""
 
-    replicas: int = Field(1, ge=1)
-    cpus: float = Field(..., gt=0)
-    max_in_flight: int = Field(DEFAULT_MAX_IN_FLIGHT, ge=1)
+    replicas: int = Field(1, ge=0)  # CPU replicas
+    cpus: float = Field(..., gt=0)  # CPUs held by each CPU replica
+    max_in_flight: int = Field(DEFAULT_MAX_IN_FLIGHT, ge=1)  # calls queued per replica
+    gpu_replicas: int = Field(0, ge=0)
+    gpu_fraction: float = Field(..., gt=0, le=1)  # of one GPU, per GPU replica
+    gpu_cpus: float = Field(GPU_REPLICA_CPUS, ge=0)  # CPUs held by each GPU replica
+
+
+class SentencizePool(PoolConfig):
+    cpus: float = Field(SENTENCIZE_CPUS, gt=0)
+    gpu_fraction: float = Field(SENTENCIZE_GPU, gt=0, le=1)
+
+
+class EmbedPool(PoolConfig):
+    cpus: float = Field(EMBED_CPUS, gt=0)
+    gpu_fraction: float = Field(EMBED_GPU, gt=0, le=1)
+
+
+class ClassifyPool(PoolConfig):
+    cpus: float = Field(CLASSIFY_CPUS, gt=0)
+    gpu_fraction: float = Field(CLASSIFY_GPU, gt=0, le=1)
 
 
 class ResourcesConfig(_Strict):
-    sentencize: PoolConfig = PoolConfig(cpus=SENTENCIZE_CPUS)
-    embed: PoolConfig = PoolConfig(cpus=EMBED_CPUS)
-    classify: PoolConfig = PoolConfig(cpus=CLASSIFY_CPUS)
+    sentencize: SentencizePool = SentencizePool()
+    embed: EmbedPool = EmbedPool()
+    classify: ClassifyPool = ClassifyPool()
     io_cpus: float = Field(IO_TASK_CPUS, gt=0)
 
 
@@ -170,6 +201,8 @@ class FaultsConfig(_Strict):
     # A stage raises for these document ids (their sentences, after sentencize).
     poison_stage: Literal["", "sentencize", "embed", "classify"] = ""
     poison_doc_ids: tuple[str, ...] = ()
+    # Seconds every call to a GPU replica sleeps first, to saturate GPU pools on purpose.
+    gpu_delay_s: float = Field(0.0, ge=0)
 
 
 class Config(_Strict):

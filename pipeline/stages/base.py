@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
@@ -15,6 +16,30 @@ from pipeline.errors import ChainError
 from pipeline.schema import DOC_ID, error_table
 
 MAX_MESSAGE_CHARS = 2_000  # error messages are for people; a traceback-sized cap is plenty
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage runs: a CPU replica, or a GPU replica holding ``gpu_fraction``."""
+
+    device: str = "cpu"  # "cpu" or "gpu"
+    gpu_fraction: float = 0.0
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.device == "gpu"
+
+
+# Backend names recorded in every row: how a stage's result was computed.
+GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp32 on the CPU
+CPU_FP32 = "cpu-fp32"
+
+
+def cuda_available() -> bool:
+    """Whether this process sees a CUDA device (imports torch: call inside ``setup()``)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 class Stage(ABC):

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pipeline.config import ClassifyConfig
 from pipeline.errors import ModelError
 from pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE
-from pipeline.stages.base import Stage
+from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage
 from pipeline.versions import fingerprint
 
 MODEL_FILE = "model.keras"
@@ -40,6 +40,31 @@ def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
     return labels, training
 
 
+def configure_tf(placement: Placement) -> str:
+    """Before any TF op: cap a GPU replica at its fraction of the card (TF otherwise maps
+    all of it), or hide GPUs from a CPU replica. Returns the backend name."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not placement.wants_gpu:
+        if gpus:
+            tf.config.set_visible_devices([], "GPU")
+        return CPU_FP32
+    if not gpus:
+        return GPU_SIM
+    import torch  # only to read the card's size; TF has no portable query for it
+
+    total_mb = torch.cuda.get_device_properties(0).total_memory // (1024 * 1024)
+    limit = int(total_mb * placement.gpu_fraction)
+    tf.config.set_visible_devices(gpus[0], "GPU")
+    tf.config.set_logical_device_configuration(
+        gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit)]
+    )
+    return "gpu-fp32"
+
+
 def load_keras(path: Path, threads: int = 0) -> Any:
     """Load a ``.keras`` file with the TensorFlow backend (imports TF)."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -62,15 +87,19 @@ class Classifier(Stage):
     input_columns: ClassVar[tuple[str, ...]] = (EMBEDDING,)
     output_columns: ClassVar[tuple[str, ...]] = (LABEL, SCORE, PROBS)
 
-    def __init__(self, cfg: ClassifyConfig, threads: int = 0) -> None:
+    def __init__(
+        self, cfg: ClassifyConfig, threads: int = 0, placement: Placement | None = None
+    ) -> None:
         self.cfg = cfg
         self.threads = threads
+        self.placement = placement or Placement()
         self.model: Any = None
         self.labels: list[str] = []
 
     def setup(self) -> None:
         model_dir = self.cfg.resolved_model_dir()
         self.labels, _ = read_classifier_meta(model_dir)
+        self.backend = configure_tf(self.placement)
         self.model = load_keras(model_dir / MODEL_FILE, self.threads)
         n_out = int(self.model.output_shape[-1])
         if n_out != len(self.labels):
@@ -79,7 +108,6 @@ class Classifier(Stage):
                 f"{LABELS_FILE} names {len(self.labels)}"
             )
         self.input_dim = int(self.model.input_shape[-1])
-        self.backend = "cpu-fp32"
         self.version = fingerprint(model_dir)
 
     def predict(self, x: np.ndarray) -> np.ndarray:

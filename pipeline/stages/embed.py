@@ -17,7 +17,7 @@ import pyarrow as pa
 from pipeline.config import EmbedConfig
 from pipeline.errors import ModelError
 from pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
-from pipeline.stages.base import Stage
+from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage
 from pipeline.versions import fingerprint
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -76,9 +76,13 @@ class Embedder(Stage):
     input_columns: ClassVar[tuple[str, ...]] = (TEXT,)
     output_columns: ClassVar[tuple[str, ...]] = (EMBEDDING, N_TOKENS, TRUNCATED)
 
-    def __init__(self, cfg: EmbedConfig, replicas: int = 1) -> None:
+    def __init__(
+        self, cfg: EmbedConfig, replicas: int = 1, placement: Placement | None = None
+    ) -> None:
         self.cfg = cfg
         self.replicas = replicas
+        self.placement = placement or Placement()
+        self.device = "cpu"
         self.model: Any = None
         self.tokenizer: Any = None
         self.dim = 0
@@ -102,6 +106,7 @@ class Embedder(Stage):
             self.model = AutoModel.from_pretrained(str(path)).eval()
         except (OSError, ValueError) as e:
             raise ModelError(f"could not load a transformers encoder from {path}: {e}") from e
+        self._place(torch)
         self.dim = int(self.model.config.hidden_size)
         # never beyond what the tokenizer (and so the position table) was built for
         self.max_length = min(self.cfg.max_length, int(self.tokenizer.model_max_length))
@@ -111,8 +116,21 @@ class Embedder(Stage):
         self.n_lead = next(i for i, t in enumerate(probe) if t not in special)
         self.n_tail = next(i for i, t in enumerate(reversed(probe)) if t not in special)
         self.uses_token_types = "token_type_ids" in self.tokenizer.model_input_names
-        self.backend = "cpu-fp32"
         self.version = fingerprint(path)
+
+    def _place(self, torch: Any) -> None:
+        """Cap a GPU replica at its fraction and use half precision; else fp32 on the CPU."""
+        self.backend = CPU_FP32
+        if not self.placement.wants_gpu:
+            return
+        if not torch.cuda.is_available():
+            self.backend = GPU_SIM
+            return
+        torch.cuda.set_per_process_memory_fraction(self.placement.gpu_fraction)
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.model = self.model.to("cuda", dtype=dtype)
+        self.device = "cuda"
+        self.backend = "gpu-bf16" if dtype == torch.bfloat16 else "gpu-fp16"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
@@ -142,11 +160,13 @@ class Embedder(Stage):
                 kwargs = {"input_ids": input_ids, "attention_mask": mask}
                 if self.uses_token_types:
                     kwargs["token_type_ids"] = torch.zeros_like(input_ids)
+                kwargs = {k: v.to(self.device) for k, v in kwargs.items()}
+                mask = kwargs["attention_mask"]
                 hidden = self.model(**kwargs).last_hidden_state
                 m = mask.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
-                out[group] = pooled.numpy()
+                out[group] = pooled.cpu().numpy()
         return out, np.array(lengths, dtype=np.int32), truncated
 
     def __call__(self, table: pa.Table) -> pa.Table:

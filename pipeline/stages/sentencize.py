@@ -10,7 +10,7 @@ import pyarrow as pa
 from pipeline.config import SentencizeConfig
 from pipeline.errors import ModelError
 from pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
-from pipeline.stages.base import Stage
+from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage, cuda_available
 
 _SENT_COMPONENTS = ("parser", "senter", "sentencizer")
 _LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
@@ -66,17 +66,23 @@ class Sentencizer(Stage):
     output_columns: ClassVar[tuple[str, ...]] = (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR, TEXT)
     keeps_input: ClassVar[bool] = False  # one row per sentence replaces one row per document
 
-    def __init__(self, cfg: SentencizeConfig) -> None:
+    def __init__(self, cfg: SentencizeConfig, placement: Placement | None = None) -> None:
         self.cfg = cfg
+        self.placement = placement or Placement()
         self.nlp: Any = None
 
     def setup(self) -> None:
         import spacy
 
+        self.backend = CPU_FP32
+        if self.placement.wants_gpu:  # the rule-based sentencizer stays on the CPU anyway
+            if not cuda_available():
+                self.backend = GPU_SIM
+            elif spacy.prefer_gpu():  # needs cupy; a trained pipeline then runs on the GPU
+                self.backend = "gpu-fp32"
         self.nlp = load_spacy(self.cfg.spacy_model)
         self.nlp.max_length = self.cfg.chunk_chars + 1
         meta = self.nlp.meta
-        self.backend = "cpu-fp32"
         pipe = f"{meta['lang']}_{meta['name']}-{meta['version']}"
         self.version = f"spacy-{spacy.__version__}:{pipe}"
 

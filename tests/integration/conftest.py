@@ -17,7 +17,7 @@ def ray_cluster() -> Iterator[None]:
     ray.init(
         address="local",
         num_cpus=2,
-        num_gpus=0,
+        num_gpus=1,  # logical: GPU pools are scheduled, their actors run on the CPU
         include_dashboard=False,
         object_store_memory=OBJECT_STORE_BYTES,
         runtime_env={"env_vars": WORKER_ENV},

@@ -68,3 +68,17 @@ def test_pools_are_independent():
     r = d.acquire("classify")
     assert r is not None
     assert r.key == "classify/cpu/0"
+
+
+def test_gpu_first_then_spill_to_cpu_then_back():
+    gpu = Replica("embed", 0, "gpu", max_in_flight=2)
+    cpu = Replica("embed", 0, "cpu", max_in_flight=1)
+    d = Dispatcher({"embed": [cpu, gpu]})  # listing order does not matter
+    first, second = d.acquire("embed"), d.acquire("embed")
+    assert first is gpu and second is gpu  # not saturated: nothing goes to the CPU
+    spilled = d.acquire("embed")
+    assert spilled is cpu  # every GPU slot busy: spill
+    assert d.acquire("embed") is None  # both pools full: the batch waits
+    d.release(gpu)
+    assert d.acquire("embed") is gpu  # a GPU slot freed: work flows back to the GPU
+    assert d.served == {"embed/gpu/0": 3, "embed/cpu/0": 1}

@@ -1,0 +1,96 @@
+"""GPU pools and spill on Ray logical GPUs (the session cluster declares 1 GPU, no CUDA)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+
+from actors.cluster import actor_name
+from jobs.run import execute
+from pipeline.config import Config
+from tests.conftest import assert_exactly_once, run_config, write_docs
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def _gpu_config(run_id: str, spill: str = "auto", **more: object) -> Config:
+    overrides: dict[str, object] = {
+        "run.run_id": run_id,
+        "run.spill": spill,
+        "run.batch_size": 2,
+        "resources.embed.cpus": 0.5,  # 2 CPUs: CPU pools 1.0 + GPU replicas 0.3 + I/O
+    }
+    for stage in ("sentencize", "embed", "classify"):
+        overrides[f"resources.{stage}.gpu_replicas"] = 1
+        overrides[f"resources.{stage}.gpu_cpus"] = 0.1
+    overrides.update(more)
+    return run_config(**overrides)
+
+
+def _corpus(
+    tmp_path: Path, headlines: list[str], n: int = 24, row_group: int = 6
+) -> tuple[Path, list[str]]:
+    ids = [f"g{i:02d}" for i in range(n)]
+    texts = [h.rstrip(".") + "." for h in headlines[:n]]
+    return write_docs(tmp_path / "in.parquet", ids, texts, row_group_size=row_group), ids
+
+
+def _backends(out: Path) -> dict[str, dict[str, int]]:
+    return json.loads((out / "_manifest.json").read_text())["backends"]
+
+
+def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    inp, ids = _corpus(tmp_path, headlines)
+    out = tmp_path / "out"
+    seen: dict[str, object] = {}
+
+    def look(stats: object) -> None:
+        if seen:
+            return
+        pids = {}
+        for stage in ("sentencize", "embed", "classify"):
+            handle = ray.get_actor(actor_name("spill1", f"{stage}/gpu/0"))
+            pids[stage] = ray.get(handle.ready.remote())["pid"]
+        seen["gpu_actors"] = pids
+        seen["free_gpu"] = ray.available_resources().get("GPU", 0.0)
+
+    cfg = _gpu_config("spill1", **{"faults.gpu_delay_s": 0.5})  # GPU replicas saturate
+    execute(cfg, str(inp), str(out), on_batch=look)
+    tables = assert_exactly_once(out, ids)
+    # three stages' GPU replicas (0.25 + 0.5 + 0.25) alive together on the one logical GPU
+    assert len(seen["gpu_actors"]) == 3 and seen["free_gpu"] == 0.0
+    backends = _backends(out)
+    for stage in ("sentencize", "embed", "classify"):
+        assert set(backends[stage]) == {"gpu-sim", "cpu-fp32"}, backends
+    assert set(tables["sentences"].embed_backend) == {"gpu-sim", "cpu-fp32"}
+
+
+def test_without_saturation_nothing_spills(tmp_path: Path, headlines: list[str]) -> None:
+    # one batch per row group, so admission holds exactly one batch in the pipeline: the
+    # load never exceeds what one GPU replica slot takes
+    inp, ids = _corpus(tmp_path, headlines, 12, row_group=2)
+    out = tmp_path / "out"
+    cfg = _gpu_config("calm1", **{"run.max_batches_in_flight": 1})
+    execute(cfg, str(inp), str(out))
+    assert_exactly_once(out, ids)
+    backends = _backends(out)
+    assert all(set(b) == {"gpu-sim"} for b in backends.values()), backends
+
+
+@pytest.mark.parametrize(
+    ("spill", "expected"), [("gpu-only", "gpu-sim"), ("cpu-only", "cpu-fp32"), ("off", "gpu-sim")]
+)
+def test_modes_use_only_their_pool(
+    tmp_path: Path, headlines: list[str], spill: str, expected: str
+) -> None:
+    inp, ids = _corpus(tmp_path, headlines, 8)
+    out = tmp_path / "out"
+    execute(_gpu_config(f"mode-{spill}", spill, **{"faults.gpu_delay_s": 0.2}), str(inp), str(out))
+    tables = assert_exactly_once(out, ids)
+    assert all(set(b) == {expected} for b in _backends(out).values())
+    assert set(tables["sentences"].embed_backend) == {expected}
