@@ -26,36 +26,41 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import resource
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+from common import (
+    DOC_ID,
+    REPO,
+    SAMPLE_INTERVAL_S,
+    TEXT,
+    Measured,
+    build_corpus,
+    docintel_executable,
+    machine_lines,
+    rss_breakdown,
+    run_measured,
+)
+from common import fmt as _fmt
+from common import md_row as _row
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_CORPUS = REPO / "data" / "demo" / "documents.parquet"
 CLASSIFIER_DIR = REPO / "models" / "finsent"
 
 DEFAULT_REPEAT = 4  # 4 x 528 demo documents: long enough that start-up is not everything
-ROW_GROUP_DOCS = 100  # as data/make_demo.py: several row groups, so several work units
-SAMPLE_INTERVAL_S = 0.2  # RSS sampling period; short phases between samples are missed
 RUN_ID = "bench"
 
 # The plain loop's fixed parameters (the issue's naive baseline)
@@ -64,119 +69,7 @@ MAX_LENGTH = 256  # all-MiniLM-L6-v2's training length, as the pipeline's defaul
 CLASSIFY_BATCH = 1024  # rows per Keras predict batch, as the pipeline's default
 
 MIB = 1024 * 1024
-DOC_ID, SENT_INDEX, TEXT, LABEL, N_TOKENS, EMBEDDING = (
-    "doc_id",
-    "sent_index",
-    "text",
-    "label",
-    "n_tokens",
-    "embedding",
-)
-LOG_TAIL_CHARS = 4000  # how much of a failed subprocess's log to show
-
-
-# --------------------------------------------------------------------------------------
-# Measuring a process tree
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TreePeak:
-    """The largest summed RSS seen over a process and its descendants."""
-
-    rss_bytes: int = 0
-    processes_at_peak: int = 0
-    # RSS by process name at the peak sample (same-named processes summed)
-    by_name_at_peak: dict[str, int] = field(default_factory=dict)
-    max_processes: int = 0
-    samples: int = 0
-
-
-class TreeSampler(threading.Thread):
-    """Samples the summed RSS of ``pid`` and all its descendants every ``interval`` s."""
-
-    def __init__(self, pid: int, interval: float) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.interval = interval
-        self.peak = TreePeak()
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while True:
-            self._sample()
-            if self._stop_event.wait(self.interval):
-                return
-
-    def stop(self) -> TreePeak:
-        self._stop_event.set()
-        self.join()
-        return self.peak
-
-    def _sample(self) -> None:
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return
-        by_name: Counter[str] = Counter()
-        n = 0
-        for proc in procs:
-            try:
-                by_name[proc.name()] += proc.memory_info().rss
-                n += 1
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue  # exited between listing and reading: it holds nothing now
-        total = sum(by_name.values())
-        peak = self.peak
-        peak.samples += 1
-        peak.max_processes = max(peak.max_processes, n)
-        if total > peak.rss_bytes:
-            peak.rss_bytes = total
-            peak.processes_at_peak = n
-            peak.by_name_at_peak = dict(by_name)
-
-
-@dataclass
-class Measured:
-    command: list[str]
-    wall_s: float
-    peak: TreePeak
-    log: Path
-
-
-def run_measured(command: list[str], log: Path, interval: float) -> Measured:
-    """Run ``command`` from the repository root; time it and sample its tree's RSS."""
-    with log.open("w") as sink:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
-        sampler = TreeSampler(proc.pid, interval)
-        sampler.start()
-        returncode = proc.wait()
-        wall = time.perf_counter() - t0
-        peak = sampler.stop()
-    if returncode != 0:
-        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        sys.exit(f"command failed with exit code {returncode}: {shlex.join(command)}\n{tail}")
-    return Measured(command, wall, peak, log)
-
-
-# --------------------------------------------------------------------------------------
-# Corpus
-# --------------------------------------------------------------------------------------
-
-
-def build_corpus(repeat: int, target: Path) -> int:
-    """The demo documents ``repeat`` times with unique ids, as one Parquet file."""
-    demo = pq.read_table(DEMO_CORPUS, columns=[DOC_ID, TEXT])
-    copies = []
-    for r in range(repeat):
-        ids = pc.binary_join_element_wise(demo[DOC_ID], pa.scalar(f"r{r:03d}"), "-")
-        copies.append(pa.table({DOC_ID: ids, TEXT: demo[TEXT]}))
-    corpus = pa.concat_tables(copies)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(corpus, target, row_group_size=ROW_GROUP_DOCS)
-    return corpus.num_rows
+SENT_INDEX, LABEL, N_TOKENS, EMBEDDING = "sent_index", "label", "n_tokens", "embedding"
 
 
 # --------------------------------------------------------------------------------------
@@ -455,14 +348,6 @@ def _unit_rows(table: pa.Table, rows: pa.ChunkedArray) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
-def _fmt(x: float | None, digits: int) -> str:
-    return "—" if x is None else f"{x:,.{digits}f}"
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _rate_cells(rates: tuple[float, float, float] | None) -> list[str]:
     if rates is None:
         return ["—"] * 3
@@ -502,48 +387,6 @@ def processing_table(a: Side, b: Side) -> list[str]:
     return lines
 
 
-def _version(*dists: str) -> str:
-    for d in dists:
-        try:
-            return f"{d} {importlib.metadata.version(d)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return f"{dists[0]} (not installed)"
-
-
-def machine_lines() -> list[str]:
-    model = "unknown"
-    with Path("/proc/cpuinfo").open() as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    physical = psutil.cpu_count(logical=False)
-    mem = psutil.virtual_memory().total / 2**30
-    versions = ", ".join(
-        _version(*d)
-        for d in (
-            ("torch",),
-            ("tensorflow", "tensorflow-cpu"),
-            ("ray",),
-            ("keras",),
-            ("transformers",),
-            ("spacy",),
-        )
-    )
-    return [
-        f"machine: {os.cpu_count()} logical cores ({physical} physical), {model}, "
-        f"{mem:.1f} GiB RAM",
-        f"versions: Python {sys.version.split()[0]}, {versions}",
-    ]
-
-
-def rss_breakdown(peak: TreePeak) -> str:
-    """``name MiB`` per process name at the peak sample, largest first."""
-    ranked = sorted(peak.by_name_at_peak.items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{name} {rss / MIB:.0f}" for name, rss in ranked) + " (MiB)"
-
-
 def report(args: argparse.Namespace, a: Side, b: Side, checks: list[str], load: str) -> str:
     peak_a = a.measured.peak
     lines = [
@@ -580,15 +423,6 @@ def report(args: argparse.Namespace, a: Side, b: Side, checks: list[str], load: 
 # --------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------
-
-
-def docintel_executable() -> str:
-    found = shutil.which("docintel", path=str(Path(sys.executable).parent)) or shutil.which(
-        "docintel"
-    )
-    if found is None:
-        sys.exit("the docintel console script is not installed (pip install -e .)")
-    return found
 
 
 def bench(args: argparse.Namespace) -> None:
