@@ -12,6 +12,7 @@ from pipeline.stages import Stage, run_stage
 from pipeline.stages.base import Placement
 from pipeline.stages.classify import Classifier
 from pipeline.stages.embed import Embedder
+from pipeline.stages.embed_int8 import Int8Embedder
 from pipeline.stages.faults import PoisonedStage
 from pipeline.stages.sentencize import Sentencizer
 
@@ -65,6 +66,14 @@ ACTOR_CLASSES: dict[str, type[StageActor]] = {
 CLASSIFY_TF_THREADS = 1
 
 
+def cpu_int8(cfg: Config) -> bool:
+    """Whether the embed stage's CPU replicas run the int8 encoder."""
+    precision = cfg.embed.cpu_precision
+    if precision != "auto":
+        return precision == "int8"
+    return cfg.run.spill == "auto" and cfg.resources.embed.gpu_replicas > 0
+
+
 def build_stage(name: str, cfg: Config, device: str = "cpu", gpu_fraction: float = 0.0) -> Stage:
     """The stage object (config only; the model loads in the actor's ``setup()``).
 
@@ -75,6 +84,10 @@ def build_stage(name: str, cfg: Config, device: str = "cpu", gpu_fraction: float
     placement = Placement(device, gpu_fraction)
     if name == "sentencize":
         stage = Sentencizer(cfg.sentencize, placement)
+    elif name == "embed" and device == "cpu" and cpu_int8(cfg):
+        stage = Int8Embedder(
+            cfg.embed, cfg.embed.resolved_int8_dir(), replicas=cfg.resources.embed.replicas
+        )
     elif name == "embed":
         stage = Embedder(cfg.embed, replicas=cfg.resources.embed.replicas, placement=placement)
     elif name == "classify":

@@ -54,6 +54,7 @@ class ProcSample:
     anon: int = 0
     file: int = 0
     shmem: int = 0
+    cpu_s: float = 0.0  # user + system CPU seconds the process has used so far
 
 
 @dataclass
@@ -121,7 +122,7 @@ class TreeSampler(threading.Thread):
     """Samples the summed RSS of ``pid`` and all its descendants every ``interval`` s.
 
     With ``detail``, also labels each process (:func:`process_label`), splits its RSS
-    (:data:`STATUS_FIELDS`) and keeps every sample in ``peak.timeline``.
+    (:data:`STATUS_FIELDS`), reads its CPU time and keeps every sample in ``peak.timeline``.
     """
 
     def __init__(self, pid: int, interval: float, detail: bool = False) -> None:
@@ -159,7 +160,11 @@ class TreeSampler(threading.Thread):
                 rss = proc.memory_info().rss
                 if self.detail:
                     label = process_label(proc, self.pid)
-                    samples.append(ProcSample(proc.pid, label, rss, **_status_split(proc.pid)))
+                    cpu = proc.cpu_times()
+                    split = _status_split(proc.pid)
+                    samples.append(
+                        ProcSample(proc.pid, label, rss, cpu_s=cpu.user + cpu.system, **split)
+                    )
                 by_name[proc.name()] += rss
                 n += 1
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):

@@ -35,7 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,12 +159,13 @@ class CpuUse:
     """CPU seconds during one run: the machine's, the run's, and everything else's."""
 
     machine_s: float  # busy time of all cores (psutil.cpu_times: all but idle and iowait)
-    run_s: float  # the run's tree (reaped descendants' rusage) plus this script
+    run_s: float  # the run's process tree, from the samples
+    sampler_s: float  # this script (mostly the sampling thread)
     available_s: float  # cores x wall time
 
     @property
     def other_s(self) -> float:
-        return max(self.machine_s - self.run_s, 0.0)
+        return max(self.machine_s - self.run_s - self.sampler_s, 0.0)
 
 
 def _busy_s() -> float:
@@ -172,15 +173,21 @@ def _busy_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _own_and_children_s() -> float:
-    """CPU of this process and of its reaped descendants (Ray daemons reap their workers)."""
-    return sum(
-        r.ru_utime + r.ru_stime
-        for r in (
-            resource.getrusage(resource.RUSAGE_SELF),
-            resource.getrusage(resource.RUSAGE_CHILDREN),
-        )
-    )
+def _self_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def tree_cpu_s(timeline: list[TreeSample]) -> float:
+    """CPU seconds of every process seen in the tree: its last sampled CPU time.
+
+    A process that exits loses at most one sampling interval of CPU time here.
+    """
+    last: dict[int, float] = {}
+    for s in timeline:
+        for p in s.procs:
+            last[p.pid] = max(last.get(p.pid, 0.0), p.cpu_s)
+    return sum(last.values())
 
 
 def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
@@ -190,12 +197,13 @@ def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
     command = [docintel_executable(), "run", str(corpus.folder), str(out), "--no-progress"]
     command += ["--no-embeddings", "--run-id", f"mem{corpus.name.removeprefix('x')}"]
     print(f"running {corpus.name} ({corpus.documents:,} documents) ...", file=sys.stderr)
-    busy0, own0 = _busy_s(), _own_and_children_s()
+    busy0, self0 = _busy_s(), _self_s()
     measured = run_measured(command, work / f"{corpus.name}.log", interval, detail=True)
     cpu = CpuUse(
-        _busy_s() - busy0,
-        _own_and_children_s() - own0,
-        (os.cpu_count() or 1) * measured.wall_s,
+        machine_s=_busy_s() - busy0,
+        run_s=tree_cpu_s(measured.peak.timeline),
+        sampler_s=_self_s() - self0,
+        available_s=(os.cpu_count() or 1) * measured.wall_s,
     )
     manifest = json.loads((out / "_manifest.json").read_text())
     counts, timings = manifest["counts"], manifest["timings"]
@@ -257,19 +265,21 @@ def _rank(label: str) -> int:
 
 
 def pid_roles(timeline: list[TreeSample]) -> dict[int, str]:
-    """Each process's role over the whole run, from its most telling label.
+    """Each process's role over the whole run, from its most telling, then commonest label.
 
     A Ray worker runs ``setup_worker.py``, then ``default_worker.py``, before it takes
     its actor or task title; a Ray agent starts as its script; a stage actor's title
-    changes with the method it runs. A process that was ever an actor counts as that
-    actor from its start.
+    changes with the method it runs; a process sampled while it execs may show only its
+    executable's name. A process that was ever an actor counts as that actor throughout.
     """
-    best: dict[int, str] = {}
+    seen: dict[int, Counter[str]] = defaultdict(Counter)
     for s in timeline:
         for p in s.procs:
-            if p.pid not in best or _rank(p.label) > _rank(best[p.pid]):
-                best[p.pid] = p.label
-    return {pid: role(label) for pid, label in best.items()}
+            seen[p.pid][p.label] += 1
+    return {
+        pid: role(max(labels, key=lambda lb: (_rank(lb), labels[lb])))
+        for pid, labels in seen.items()
+    }
 
 
 def by_role(sample: TreeSample, roles: dict[int, str]) -> dict[str, ProcSample]:
@@ -381,8 +391,9 @@ def main_table(small: Run, big: Run) -> list[str]:
 def cpu_line(run: Run) -> str:
     c = run.cpu
     line = (
-        f"CPU during {run.corpus.name}: the run {c.run_s:,.0f} s, other processes on the "
-        f"machine {c.other_s:,.0f} s, of {c.available_s:,.0f} core-seconds"
+        f"CPU during {run.corpus.name}: the run {c.run_s:,.0f} s, this script's sampling "
+        f"{c.sampler_s:,.1f} s, other processes on the machine {c.other_s:,.0f} s, of "
+        f"{c.available_s:,.0f} core-seconds"
     )
     if c.other_s > OTHER_CPU_WARN * c.available_s:
         line += (

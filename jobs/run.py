@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 
 from pipeline.config import ERROR_FRACTION_MIN_DOCS, Config
 from pipeline.errors import ModelError, RunFailed, UsageError
+from pipeline.quantize import INT8_MODEL_FILE
 from pipeline.schema import DOC_ID, N_TOKENS, TEXT
 from pipeline.sink import (
     TABLES,
@@ -121,6 +122,16 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
             raise ModelError(
                 f"spaCy pipeline {name!r} is not installed; install its package "
                 'or use [sentencize] spacy_model = "blank:en"'
+            )
+    from actors.stages import cpu_int8
+
+    if cpu_int8(cfg) and cfg.resources.embed.replicas > 0 and cfg.run.spill != "gpu-only":
+        int8 = cfg.embed.resolved_int8_dir()
+        if not (int8 / INT8_MODEL_FILE).is_file():
+            raise ModelError(
+                f"the embed stage's CPU replicas run the int8 encoder, but {int8} holds no "
+                f"{INT8_MODEL_FILE}: build it once with `docintel quantize`, or set [embed] "
+                'cpu_precision = "fp32"'
             )
     versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
     return labels, versions, warnings

@@ -91,6 +91,7 @@ ERROR_FRACTION_MIN_DOCS = 50
 DEFAULT_S3_ATTEMPTS = 6
 
 BUNDLED_CLASSIFIER = REPO_ROOT / "models" / "finsent"
+INT8_ROOT = REPO_ROOT / "models" / "int8"  # built by `docintel quantize`; not in git
 
 
 class _Strict(BaseModel):
@@ -134,6 +135,17 @@ class EmbedConfig(_Strict):
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)
     max_microbatch: int = Field(DEFAULT_MAX_MICROBATCH, ge=1)
     torch_threads: int = Field(DEFAULT_TORCH_THREADS, ge=0)
+    # CPU replicas' precision: auto = int8 where they are a spill pool (the stage also has
+    # GPU replicas), fp32 otherwise; int8 needs the artefact of `docintel quantize`.
+    cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
+    int8_dir: str = ""  # "" = models/int8/<encoder version>/ in this repository
+
+    def resolved_int8_dir(self) -> Path:
+        if self.int8_dir:
+            return Path(self.int8_dir).expanduser()
+        from pipeline.versions import fingerprint
+
+        return INT8_ROOT / fingerprint(self.resolved_model_path())
 
     def resolved_model_path(self) -> Path:
         if self.model_path:

@@ -58,3 +58,12 @@ def assert_exactly_once(out: Path, expected_ids: list[str]) -> dict[str, pd.Data
 @pytest.fixture(scope="session")
 def headlines() -> list[str]:
     return pd.read_csv(VALID_CSV)["text"].tolist()
+
+
+@pytest.fixture(scope="session")
+def int8_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The int8 encoder artefact, built once per session exactly as `docintel quantize`."""
+    from pipeline.config import EmbedConfig
+    from pipeline.quantize import build_int8
+
+    return build_int8(EmbedConfig().resolved_model_path(), tmp_path_factory.mktemp("int8"))

@@ -16,8 +16,9 @@ from tests.conftest import assert_exactly_once, run_config, write_docs
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-def _gpu_config(run_id: str, spill: str = "auto", **more: object) -> Config:
+def _gpu_config(run_id: str, int8: Path, spill: str = "auto", **more: object) -> Config:
     overrides: dict[str, object] = {
+        "embed.int8_dir": str(int8),
         "run.run_id": run_id,
         "run.spill": spill,
         "run.batch_size": 2,
@@ -43,7 +44,7 @@ def _backends(out: Path) -> dict[str, dict[str, int]]:
 
 
 def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
-    tmp_path: Path, headlines: list[str]
+    tmp_path: Path, headlines: list[str], int8_encoder: Path
 ) -> None:
     inp, ids = _corpus(tmp_path, headlines)
     out = tmp_path / "out"
@@ -59,23 +60,30 @@ def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
         seen["gpu_actors"] = pids
         seen["free_gpu"] = ray.available_resources().get("GPU", 0.0)
 
-    cfg = _gpu_config("spill1", **{"faults.gpu_delay_s": 0.5})  # GPU replicas saturate
+    cfg = _gpu_config(
+        "spill1", int8_encoder, **{"faults.gpu_delay_s": 0.5}
+    )  # GPU replicas saturate
     execute(cfg, str(inp), str(out), on_batch=look)
     tables = assert_exactly_once(out, ids)
     # three stages' GPU replicas (0.25 + 0.5 + 0.25) alive together on the one logical GPU
     assert len(seen["gpu_actors"]) == 3 and seen["free_gpu"] == 0.0
     backends = _backends(out)
-    for stage in ("sentencize", "embed", "classify"):
+    # the spill pool of the encoder runs the int8 artefact; the other stages' CPU replicas
+    # run fp32 (a tiny MLP and a rule-based splitter gain nothing from int8)
+    assert set(backends["embed"]) == {"gpu-sim", "cpu-int8"}, backends
+    for stage in ("sentencize", "classify"):
         assert set(backends[stage]) == {"gpu-sim", "cpu-fp32"}, backends
-    assert set(tables["sentences"].embed_backend) == {"gpu-sim", "cpu-fp32"}
+    assert set(tables["sentences"].embed_backend) == {"gpu-sim", "cpu-int8"}
 
 
-def test_without_saturation_nothing_spills(tmp_path: Path, headlines: list[str]) -> None:
+def test_without_saturation_nothing_spills(
+    tmp_path: Path, headlines: list[str], int8_encoder: Path
+) -> None:
     # one batch per row group, so admission holds exactly one batch in the pipeline: the
     # load never exceeds what one GPU replica slot takes
     inp, ids = _corpus(tmp_path, headlines, 12, row_group=2)
     out = tmp_path / "out"
-    cfg = _gpu_config("calm1", **{"run.max_batches_in_flight": 1})
+    cfg = _gpu_config("calm1", int8_encoder, **{"run.max_batches_in_flight": 1})
     execute(cfg, str(inp), str(out))
     assert_exactly_once(out, ids)
     backends = _backends(out)
@@ -86,11 +94,37 @@ def test_without_saturation_nothing_spills(tmp_path: Path, headlines: list[str])
     ("spill", "expected"), [("gpu-only", "gpu-sim"), ("cpu-only", "cpu-fp32"), ("off", "gpu-sim")]
 )
 def test_modes_use_only_their_pool(
-    tmp_path: Path, headlines: list[str], spill: str, expected: str
+    tmp_path: Path, headlines: list[str], spill: str, expected: str, int8_encoder: Path
 ) -> None:
     inp, ids = _corpus(tmp_path, headlines, 8)
     out = tmp_path / "out"
-    execute(_gpu_config(f"mode-{spill}", spill, **{"faults.gpu_delay_s": 0.2}), str(inp), str(out))
+    cfg = _gpu_config(f"mode-{spill}", int8_encoder, spill, **{"faults.gpu_delay_s": 0.2})
+    execute(cfg, str(inp), str(out))
     tables = assert_exactly_once(out, ids)
     assert all(set(b) == {expected} for b in _backends(out).values())
     assert set(tables["sentences"].embed_backend) == {expected}
+
+
+def test_gpu_and_int8_cpu_replicas_agree_on_labels(
+    tmp_path: Path, headlines: list[str], int8_encoder: Path
+) -> None:
+    """The same corpus through GPU replicas only (fp32 here) and through int8 CPU replicas
+    only: the labels of >= 97% of sentences agree."""
+    inp, ids = _corpus(tmp_path, headlines, 400, row_group=100)
+    labels = {}
+    for spill in ("gpu-only", "cpu-only"):
+        out = tmp_path / f"out-{spill}"
+        cfg = _gpu_config(
+            f"agree-{spill}",
+            int8_encoder,
+            spill,
+            **{"embed.cpu_precision": "int8", "run.batch_size": 50, "run.embeddings": False},
+        )
+        execute(cfg, str(inp), str(out))
+        sents = assert_exactly_once(out, ids)["sentences"].sort_values(["doc_id", "sent_index"])
+        labels[spill] = sents.label.to_numpy()
+        expected = "gpu-sim" if spill == "gpu-only" else "cpu-int8"
+        assert set(sents.embed_backend) == {expected}
+    assert len(labels["gpu-only"]) == len(labels["cpu-only"]) >= 400
+    agree = (labels["gpu-only"] == labels["cpu-only"]).mean()
+    assert agree >= 0.97, f"labels agree on {agree:.1%} of sentences"
