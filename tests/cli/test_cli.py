@@ -43,7 +43,7 @@ def corpus(tmp_path: Path) -> Path:
 def test_help_explains_every_command() -> None:
     top = docintel("--help")
     assert top.returncode == 0
-    for cmd in ("run", "train", "evaluate", "ingest"):
+    for cmd in ("run", "train", "evaluate", "ingest", "quantize"):
         assert cmd in top.stdout
         sub = docintel(cmd, "--help")
         assert sub.returncode == 0, sub.stderr
@@ -57,6 +57,8 @@ def test_help_explains_every_command() -> None:
         "--batch-size",
         "--embeddings",
         "--no-embeddings",
+        "--spill",
+        "--gpus",
     ):
         assert opt in run_help
 
