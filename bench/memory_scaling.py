@@ -160,6 +160,7 @@ class CpuUse:
 
     machine_s: float  # busy time of all cores (psutil.cpu_times: all but idle and iowait)
     run_s: float  # the run's process tree, from the samples
+    processing_s: float  # the run's process tree during the processing window
     sampler_s: float  # this script (mostly the sampling thread)
     available_s: float  # cores x wall time
 
@@ -190,6 +191,20 @@ def tree_cpu_s(timeline: list[TreeSample]) -> float:
     return sum(last.values())
 
 
+def window_cpu_s(timeline: list[TreeSample], start: float, end: float) -> float:
+    """CPU seconds the tree used between sampler times ``start`` and ``end``."""
+    before: dict[int, float] = {}
+    until: dict[int, float] = {}
+    for s in timeline:
+        if s.t > end:
+            break
+        for p in s.procs:
+            until[p.pid] = p.cpu_s
+            if s.t <= start:
+                before[p.pid] = p.cpu_s
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in until.items())
+
+
 def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
     out = work / f"out-{corpus.name}"
     if out.exists():
@@ -199,15 +214,18 @@ def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
     print(f"running {corpus.name} ({corpus.documents:,} documents) ...", file=sys.stderr)
     busy0, self0 = _busy_s(), _self_s()
     measured = run_measured(command, work / f"{corpus.name}.log", interval, detail=True)
-    cpu = CpuUse(
-        machine_s=_busy_s() - busy0,
-        run_s=tree_cpu_s(measured.peak.timeline),
-        sampler_s=_self_s() - self0,
-        available_s=(os.cpu_count() or 1) * measured.wall_s,
-    )
+    busy, sampler = _busy_s() - busy0, _self_s() - self0
     manifest = json.loads((out / "_manifest.json").read_text())
     counts, timings = manifest["counts"], manifest["timings"]
     timeline = measured.peak.timeline
+    window = processing_window(out, timings["processing_seconds"], timeline)
+    cpu = CpuUse(
+        machine_s=busy,
+        run_s=tree_cpu_s(timeline),
+        processing_s=window_cpu_s(timeline, *window),
+        sampler_s=sampler,
+        available_s=(os.cpu_count() or 1) * measured.wall_s,
+    )
     return Run(
         corpus=corpus,
         measured=measured,
@@ -218,7 +236,7 @@ def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
         processing_s=timings["processing_seconds"],
         manifest_wall_s=timings["wall_seconds"],
         stage_seconds=timings["stage_seconds"],
-        window=processing_window(out, timings["processing_seconds"], timeline),
+        window=window,
         cpu=cpu,
         timeline=timeline,
     )
@@ -227,11 +245,12 @@ def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
 def write_timeline(run: Run, path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "pid", "label", "rss_mib", *(f"{k}_mib" for k in SPLIT)])
+        w.writerow(["t_s", "pid", "label", "rss_mib", *(f"{k}_mib" for k in SPLIT), "cpu_s"])
         for s in run.timeline:
             for p in s.procs:
                 mibs = (p.rss / MIB, *(getattr(p, k) / MIB for k in SPLIT))
-                w.writerow([f"{s.t:.2f}", p.pid, p.label, *(f"{m:.1f}" for m in mibs)])
+                cells = [f"{s.t:.2f}", p.pid, p.label, *(f"{m:.1f}" for m in mibs)]
+                w.writerow([*cells, f"{p.cpu_s:.2f}"])
 
 
 # --------------------------------------------------------------------------------------
@@ -353,6 +372,7 @@ def main_table(small: Run, big: Run) -> list[str]:
         "wall s",
         "processing s",
         "docs/s (processing)",
+        "CPU s (processing)",
         "peak RSS MiB",
     ]
     lines = [md_row(head), md_row(["---", *["---:"] * (len(head) - 1)])]
@@ -367,6 +387,7 @@ def main_table(small: Run, big: Run) -> list[str]:
                     fmt(r.measured.wall_s, 1),
                     fmt(r.processing_s, 1),
                     fmt(r.docs_per_s, 1),
+                    fmt(r.cpu.processing_s, 0),
                     fmt(r.peak_bytes / MIB, 0),
                 ]
             )
@@ -381,6 +402,7 @@ def main_table(small: Run, big: Run) -> list[str]:
                 _ratio(big.measured.wall_s, small.measured.wall_s),
                 f"**{_ratio(big.processing_s, small.processing_s)}**",
                 _ratio(big.docs_per_s, small.docs_per_s),
+                _ratio(big.cpu.processing_s, small.cpu.processing_s),
                 f"**{_ratio(big.peak_bytes, small.peak_bytes)}**",
             ]
         )
@@ -408,6 +430,7 @@ def verdict(small: Run, big: Run) -> list[str]:
     ok = rss <= MAX_RSS_RATIO
     docs = big.documents / small.documents
     time_ratio = big.processing_s / small.processing_s
+    cpu_ratio = big.cpu.processing_s / small.cpu.processing_s if small.cpu.processing_s else 0.0
     return [
         f"**Peak RSS {big.corpus.name}/{small.corpus.name} = {rss:.2f}x "
         f"({'within' if ok else 'ABOVE'} the {MAX_RSS_RATIO:g}x bound).**",
@@ -415,6 +438,9 @@ def verdict(small: Run, big: Run) -> list[str]:
         f"{big.corpus.name}/{small.corpus.name} = {time_ratio / docs:.2f}x "
         f"(1.00x = exactly linear). Wall time includes ~{small.startup_s:.0f} s of start-up "
         "(checks, Ray start, model loads) that does not scale with the corpus.",
+        f"CPU seconds of the run's processes during processing: {cpu_ratio:.2f}x for "
+        f"{docs:.2f}x the documents, {cpu_ratio / docs:.2f}x per document (less sensitive than "
+        "wall time to other processes competing for the cores).",
     ]
 
 
