@@ -67,7 +67,7 @@ from pipeline.quantize import (  # noqa: E402 - the shipped recipe, measured her
     export_onnx,
     ffn_output_matmuls,
 )
-from pipeline.stages.embed_int8 import Frontend, mean_pool_normalize  # noqa: E402
+from pipeline.stages.embed_int8 import Frontend, Int8Embedder  # noqa: E402
 
 DATA = REPO / "data" / "twitter_fin_sentiment"
 LABEL_NAMES = ["Bearish", "Bullish", "Neutral"]  # sent_*.csv labels 0, 1, 2
@@ -126,59 +126,6 @@ def _model_hidden_size(model_dir: Path) -> int:
 # --------------------------------------------------------------------------------------
 # Loading and running it (what a CPU-int8 embed actor would hold)
 # --------------------------------------------------------------------------------------
-
-
-class Int8Embedder:
-    """The int8 CPU encoder: ONNX Runtime over ``model.int8.onnx`` from ``build_int8``.
-
-    No torch or transformers import: only ``tokenizers`` and ``onnxruntime``.
-    ``encode`` keeps Embedder.encode's contract.
-    """
-
-    def __init__(
-        self,
-        artefact_dir: Path,
-        cfg: EmbedConfig | None = None,
-        threads: int = 0,
-        model_file: str = INT8_MODEL_FILE,
-    ) -> None:
-        self.dir = artefact_dir
-        self.cfg = cfg or EmbedConfig()
-        self.threads = threads or self.cfg.torch_threads or (os.cpu_count() or 1)
-        self.model_file = model_file
-        self.session: Any = None
-
-    def setup(self) -> None:
-        import onnxruntime as ort
-
-        self.frontend = Frontend(self.dir, self.cfg)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(
-            str(self.dir / self.model_file), opts, providers=["CPUExecutionProvider"]
-        )
-        self.input_names = {i.name for i in self.session.get_inputs()}
-        self.dim = _model_hidden_size(self.dir)
-
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
-        if not texts:
-            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
-        ids, truncated = self.frontend.prepare(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for group, input_ids, mask in self.frontend.batches(ids):
-            feed = {"input_ids": input_ids, "attention_mask": mask}
-            if "token_type_ids" in self.input_names:
-                feed["token_type_ids"] = np.zeros_like(input_ids)
-            (hidden,) = self.session.run(["last_hidden_state"], feed)
-            out[group] = mean_pool_normalize(hidden, mask)
-        return out, np.array([len(x) for x in ids], dtype=np.int32), truncated
-
-    def teardown(self) -> None:
-        self.session = None
 
 
 class TorchInt8Embedder:
@@ -346,7 +293,7 @@ def candidates(work: Path) -> list[Candidate]:
     from pipeline.stages.embed import Embedder
 
     def ort(file: str) -> Callable[[], Any]:
-        return lambda: Int8Embedder(work, fp32_cfg(), THREADS, model_file=file)
+        return lambda: Int8Embedder(fp32_cfg(), work, threads=THREADS, model_file=file)
 
     weights = EmbedConfig().resolved_model_path() / "model.safetensors"
     return [

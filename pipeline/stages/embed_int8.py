@@ -78,35 +78,49 @@ class Int8Embedder(Embedder):
     backend: str = CPU_INT8
     name: ClassVar[str] = "embed"
 
-    def __init__(self, cfg: EmbedConfig, artefact_dir: Path, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        cfg: EmbedConfig,
+        artefact_dir: Path,
+        replicas: int = 1,
+        threads: int = 0,
+        model_file: str = INT8_MODEL_FILE,
+    ) -> None:
         super().__init__(cfg, replicas=replicas, placement=Placement())
         self.dir = artefact_dir
+        self.threads = threads  # 0 = [embed] torch_threads, else the cores / replicas
+        self.model_file = model_file  # benchmarks also load other ONNX variants
         self.session: Any = None
 
     def setup(self) -> None:
         import onnxruntime as ort
 
-        if not (self.dir / INT8_MODEL_FILE).is_file():
+        if not (self.dir / self.model_file).is_file():
             raise ModelError(
-                f"int8 encoder {self.dir / INT8_MODEL_FILE} does not exist; build it with "
+                f"int8 encoder {self.dir / self.model_file} does not exist; build it with "
                 '`docintel quantize` (or set [embed] cpu_precision = "fp32")'
             )
         self.frontend = Frontend(self.dir, self.cfg)
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.cfg.torch_threads or max(
-            1, (os.cpu_count() or 1) // self.replicas
+        opts.intra_op_num_threads = (
+            self.threads or self.cfg.torch_threads or max(1, (os.cpu_count() or 1) // self.replicas)
         )
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(
-            str(self.dir / INT8_MODEL_FILE), opts, providers=["CPUExecutionProvider"]
+            str(self.dir / self.model_file), opts, providers=["CPUExecutionProvider"]
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.dim = int(json.loads((self.dir / "config.json").read_text())["hidden_size"])
-        recipe = json.loads((self.dir / RECIPE_FILE).read_text())
+        recipe_path = self.dir / RECIPE_FILE
+        source = (
+            json.loads(recipe_path.read_text())["source_fingerprint"]
+            if recipe_path.is_file()
+            else "unrecorded"
+        )
         self.backend = CPU_INT8
-        self.version = f"{recipe['source_fingerprint']}+int8@{fingerprint(self.dir)[-12:]}"
+        self.version = f"{source}+int8@{fingerprint(self.dir)[-12:]}"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
