@@ -410,6 +410,10 @@ def ingest(
     )
 
 
+# Commands defined in their own modules register themselves on `app` when imported.
+from jobs import cli_audit, cli_jobs  # noqa: E402, F401
+
+
 def main() -> None:
     app()
 

@@ -90,6 +90,12 @@ ERROR_FRACTION_MIN_DOCS = 50
 # with the AWS SDK's exponential backoff; permanent errors (403, no such bucket) fail fast.
 DEFAULT_S3_ATTEMPTS = 6
 
+# --- jobs and audits --------------------------------------------------------------------
+# The label whose highest-scoring sentences the audit report lists first ("risk").
+DEFAULT_RISK_LABEL = "Bearish"
+DEFAULT_REPORT_TOP_N = 25  # sentences in the report's highest-risk table
+DEFAULT_TREND_RUNS = 14  # previous audits in the report's trend chart (two weeks nightly)
+
 BUNDLED_CLASSIFIER = REPO_ROOT / "models" / "finsent"
 INT8_ROOT = REPO_ROOT / "models" / "int8"  # built by `docintel quantize`; not in git
 
@@ -217,6 +223,24 @@ class FaultsConfig(_Strict):
     gpu_delay_s: float = Field(0.0, ge=0)
 
 
+class JobConfig(_Strict):
+    """Input and output of a Ray batch job (`python -m jobs.batch`, `docintel submit`).
+    Paths are read on the cluster: use s3:// URIs or paths every node sees."""
+
+    input: str = ""
+    output: str = ""
+
+
+class AuditConfig(_Strict):
+    """The nightly audit (`docintel audit`, `python -m jobs.nightly_audit`)."""
+
+    source: str = ""  # Parquet file, folder, glob or s3:// prefix, re-read each night
+    output: str = ""  # audit root: state, run_date=YYYY-MM-DD/ partitions, reports
+    risk_label: str = DEFAULT_RISK_LABEL
+    top_n: int = Field(DEFAULT_REPORT_TOP_N, ge=1)
+    trend_runs: int = Field(DEFAULT_TREND_RUNS, ge=1)
+
+
 class Config(_Strict):
     input: InputConfig = InputConfig()
     run: RunConfig = RunConfig()
@@ -225,6 +249,8 @@ class Config(_Strict):
     classify: ClassifyConfig = ClassifyConfig()
     resources: ResourcesConfig = ResourcesConfig()
     storage: StorageConfig = StorageConfig()
+    job: JobConfig = JobConfig()
+    audit: AuditConfig = AuditConfig()
     faults: FaultsConfig = FaultsConfig()
 
     @field_validator("input")

@@ -1,0 +1,1 @@
+"""`docintel audit`: the nightly audit command (registered on jobs.cli.app)."""
