@@ -1,0 +1,216 @@
+"""The audit report as an auditor sees it: report.html rendered by headless Chromium.
+
+Chromium loads the file offline (file://, no network), then we read back the DOM it built
+and a screenshot. This catches what string checks on the HTML cannot: SVG that the browser
+does not parse as SVG, tables that collapse, an escaped sentence that still runs as markup.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.fs as pafs
+import pytest
+
+from jobs.report import write_report
+from tests.unit.test_report import RISK, SCRIPT_TEXT, audit_dict, make_run
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_TIMEOUT_S = 120  # a cold start on a loaded 2-core machine takes a few seconds
+WINDOW = (1280, 2400)
+INSTALL_HINT = (
+    "headless Chromium is needed for the browser tests (tests/browser) but `chromium` is "
+    "not on PATH; install it with `sudo apt-get update && sudo apt-get install -y "
+    "--no-install-recommends chromium` (Debian package chromium, binary /usr/bin/chromium)"
+)
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source"}
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The Chromium binary; missing fails under CI (CI=1) and skips elsewhere."""
+    path = shutil.which("chromium")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL_HINT)
+        pytest.skip(INSTALL_HINT)
+    return path
+
+
+def run_chromium(chromium: str, tmp_path: Path, page: Path, *args: str) -> str:
+    profile = tmp_path / "chromium-profile"
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",  # tests run as root in containers, where the sandbox cannot start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *args,
+        page.as_uri(),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S, check=False
+    )
+    assert done.returncode == 0, f"chromium failed ({done.returncode}): {done.stderr[-2000:]}"
+    return done.stdout
+
+
+@dataclass
+class Node:
+    tag: str
+    attrs: dict[str, str]
+    children: list[Node] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+    def walk(self) -> Any:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def find(self, tag: str) -> list[Node]:
+        return [n for n in self.walk() if n.tag == tag]
+
+    def by_id(self, element_id: str) -> Node:
+        found = [n for n in self.walk() if n.attrs.get("id") == element_id]
+        assert len(found) == 1, f"expected one element #{element_id}, found {len(found)}"
+        return found[0]
+
+    def content(self) -> str:
+        return "".join("".join(n.text) for n in self.walk())
+
+
+class DomBuilder(HTMLParser):
+    """A small tree from Chromium's serialised DOM (stdlib only)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Node("#document", {})
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(node)
+        if tag not in VOID:
+            self.stack.append(node)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self.stack) - 1, 0, -1):
+            if self.stack[i].tag == tag:
+                del self.stack[i:]
+                return
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].text.append(data)
+
+
+def parse_dom(dom: str) -> Node:
+    b = DomBuilder()
+    b.feed(dom)
+    b.close()
+    return b.root
+
+
+def body_rows(table: Node) -> list[list[str]]:
+    (tbody,) = table.find("tbody")
+    return [[td.content().strip() for td in tr.find("td")] for tr in tbody.find("tr")]
+
+
+@pytest.fixture(scope="module")
+def report_page(tmp_path_factory: pytest.TempPathFactory, headlines: list[str]) -> Path:
+    """Three nights of audits; the page of the third, whose trend holds three points."""
+    base = tmp_path_factory.mktemp("audits")
+    history: list[dict[str, Any]] = []
+    for night, date in enumerate(["2026-03-01", "2026-03-02", "2026-03-03"]):
+        root = base / f"run_date={date}"
+        make_run(root, headlines[night * 50 :], seed=night)
+        history.append(
+            write_report(
+                pafs.LocalFileSystem(), str(root), audit_dict(date), list(history), RISK, 6
+            )
+        )
+    return base / "run_date=2026-03-03" / "report.html"
+
+
+def test_rendered_dom_has_charts_and_tables(
+    chromium: str, report_page: Path, tmp_path: Path
+) -> None:
+    dom = parse_dom(run_chromium(chromium, tmp_path, report_page, "--dump-dom"))
+    root = report_page.parent
+
+    assert dom.find("script") == []  # the <script> sentence stayed text
+    for chart in ("label-chart", "trend-chart", "backend-chart"):
+        svgs = dom.by_id(chart).find("svg")
+        assert len(svgs) == 1, chart
+        assert len(svgs[0].find("path")) > 10, f"#{chart} has an empty SVG"
+    trend_lines = [
+        n for n in dom.by_id("trend-chart").walk() if n.attrs.get("id", "").startswith("line2d")
+    ]
+    assert trend_lines, "the trend chart has no lines"
+
+    cols = ["doc_id", "sent_index", "text", "label", "score"]
+    sents = pd.read_parquet(root / "sentences", columns=cols)
+    expected = (
+        sents[sents.label == RISK]
+        .sort_values(["score", "doc_id", "sent_index"], ascending=[False, True, True])
+        .head(6)
+    )
+    rows = body_rows(dom.by_id("top-risk"))
+    assert [(r[1], r[3]) for r in rows] == list(
+        expected[["doc_id", "text"]].itertuples(index=False, name=None)
+    )
+    assert rows[0][3] == SCRIPT_TEXT  # shown literally, as the auditor must see it
+    assert [r[0] for r in rows] == [str(i) for i in range(1, 7)]
+
+    labels = body_rows(dom.by_id("label-table"))
+    assert {r[0]: int(r[1]) for r in labels} == sents.label.value_counts().to_dict()
+    assert [r[0] for r in body_rows(dom.by_id("trend-table"))] == [
+        "2026-03-01",
+        "2026-03-02",
+        "2026-03-03",
+    ]
+    backend = {r[0]: r for r in body_rows(dom.by_id("backend-table"))}
+    assert backend["embed"][2:4] == ["50.0%", "50.0%"]  # GPU, CPU int8
+    assert body_rows(dom.by_id("errors-table")) == [["embed", "ValueError", "1"]]
+    cards = {
+        c.attrs["data-key"]: c.find("b")[0].content() for c in dom.by_id("summary-counts").children
+    }
+    docs = pd.read_parquet(root / "documents", columns=["doc_id"])
+    assert cards["documents"] == str(len(docs))
+    assert cards["sentences"] == f"{len(sents):,}"
+
+
+def test_screenshot_is_not_blank(chromium: str, report_page: Path, tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    shot = tmp_path / "report.png"
+    run_chromium(
+        chromium,
+        tmp_path,
+        report_page,
+        f"--screenshot={shot}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+    )
+    assert shot.is_file() and shot.stat().st_size > 20_000
+    img = mpimg.imread(shot)[..., :3]  # floats in [0, 1]
+    assert img.shape[:2] == (WINDOW[1], WINDOW[0])
+    assert float(img.std()) > 0.05
+    ink = (img < 0.9).any(axis=2).mean()
+    assert ink > 0.02, f"only {ink:.1%} of the page is not white"
+    # the label chart's first bar (matplotlib's tab:blue, #1f77b4) was painted
+    blue = np.abs(img - np.array([0x1F, 0x77, 0xB4]) / 255).max(axis=2) < 0.03
+    assert blue.sum() > 2_000, f"{blue.sum()} chart-blue pixels"
