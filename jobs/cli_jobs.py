@@ -1,1 +1,245 @@
-"""`docintel submit`, `status` and `logs`: Ray Jobs API commands (registered on jobs.cli.app)."""
+"""`docintel submit`, `status` and `logs`: Ray Jobs API commands (registered on jobs.cli.app).
+
+The logic (staging, the Jobs SDK, exit-code mapping) is in jobs/submit.py; this module is
+options, help and printing. Ray is imported inside the commands, so `docintel --help`
+stays fast. Exit codes: 0 the job succeeded (or, for `status`, is still pending or
+running); a failed job's own exit code when Ray reports it (1 run failed, 2 usage error
+on the cluster, 3 partial), else 1; 1 a stopped job; 2 bad usage here (config, address,
+unknown job id), reported before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from jobs.cli import ConfigOpt, _fail, app, console, out
+from pipeline.errors import DocintelError
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+EXIT_INTERRUPTED = 130  # Ctrl-C while following: the job itself keeps running
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="The cluster's Ray dashboard (Jobs API), e.g. http://HEAD:8265. Default: the "
+        "RAY_ADDRESS environment variable, else http://127.0.0.1:8265.",
+        show_default=False,
+    ),
+]
+JobIdArg = Annotated[
+    str, typer.Argument(help="Job id printed by `docintel submit` (raysubmit_...).")
+]
+
+
+def _fail_escaped(e: DocintelError) -> None:
+    """jobs.cli._fail prints with Rich markup, which would swallow "[job]" in a message."""
+    _fail(type(e)(escape(str(e))))
+
+
+def _write(chunk: str) -> None:
+    """Job log text goes to stdout as is (no Rich markup parsing of user data)."""
+    sys.stdout.write(chunk)
+    sys.stdout.flush()
+
+
+@app.command()
+def submit(
+    config: ConfigOpt = None,
+    address: AddressOpt = None,
+    input: Annotated[
+        str | None,
+        typer.Option(
+            help="Parquet file, folder, glob or s3:// prefix, read ON THE CLUSTER "
+            "(default: the config's \\[job] input). Use s3:// or a path every node sees."
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            help="Output folder or s3:// prefix, written ON THE CLUSTER (default: the "
+            "config's \\[job] output)."
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="Run id; resubmit with the same id to resume an interrupted run."),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="Follow the job's logs and exit with its outcome, or print the job id "
+            "and return at once (then: docintel status / logs).",
+        ),
+    ] = True,
+    working_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--working-dir",
+            help="Ship this project source folder with the job (without .venv, .git, "
+            "outputs, models/int8, caches), for clusters whose nodes have the "
+            "dependencies but not this code. Default: ship only the config; the "
+            "cluster's image has docintel installed (infra/).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+) -> None:
+    """Run the pipeline on a Ray cluster as a Ray job (`python -m jobs.batch`).
+
+    The config is checked here first (bad config: exit 2, nothing submitted), then sent
+    as job.toml in the job's working directory. The job runs the same run function as
+    `docintel run` and joins the cluster; nothing is pip-installed at run time, so the
+    cluster's image must have docintel installed (infra/Dockerfile.cpu) unless
+    --working-dir ships the source. Prints the job id, then follows the job's logs;
+    the exit code is the job's: 0 succeeded, a failed job's own code (1 failed, 2
+    usage, 3 partial), 1 stopped.
+
+    Examples:
+
+      docintel submit --address http://head:8265 --config job.toml
+
+      docintel submit -c job.toml --output s3://results/run-0412 --run-id run-0412 --no-wait
+
+      docintel submit -c job.toml --working-dir . --input s3://corpus/2026/
+    """
+    from jobs import submit as jobs
+
+    try:
+        req = jobs.check_request(config, input, output, run_id, working_dir)
+        addr = jobs.resolve_address(address)
+        client = jobs.connect(addr)
+        with tempfile.TemporaryDirectory(prefix="docintel-job-") as staging:
+            job_id = jobs.submit(client, req, Path(staging))
+    except DocintelError as e:
+        _fail_escaped(e)
+        return
+    out.print(f"submitted job {job_id} to {addr}", highlight=False)
+    console.print(f"entrypoint: {req.entrypoint}", highlight=False, markup=False)
+    if not wait:
+        out.print(
+            f"follow it with: docintel logs {job_id} --follow --address {addr}",
+            highlight=False,
+        )
+        return
+    _follow_to_end(client, job_id)
+
+
+def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
+    """Stream the logs until the job ends, report how, exit with the job's code."""
+    from jobs import submit as jobs
+
+    try:
+        problem = jobs.follow_logs(client, job_id, _write)
+        if problem:
+            console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+        info = jobs.wait_terminal(client, job_id)
+    except KeyboardInterrupt:
+        console.print(
+            f"\nstopped following; job {job_id} keeps running: docintel status {job_id}",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except DocintelError as e:
+        _fail_escaped(e)
+        return
+    _report_end(info)
+    raise typer.Exit(jobs.exit_code(info))
+
+
+def _report_end(info: JobDetails) -> None:
+    from jobs import submit as jobs
+
+    job = info.submission_id or info.job_id
+    status = str(info.status)
+    if status == "SUCCEEDED":
+        console.print(f"[bold green]job {job} SUCCEEDED[/]", highlight=False)
+        return
+    code = jobs.exit_code(info)
+    console.print(
+        f"[bold red]docintel: job {job} {status}[/] (exit code {code}): "
+        f"{escape(jobs.failure_reason(info))}",
+        highlight=False,
+    )
+
+
+@app.command()
+def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
+    """Show a submitted job's state, entrypoint, start/end times and message.
+
+    The exit code mirrors the job: 0 pending, running or succeeded; a failed job's own
+    exit code (1 failed, 2 usage error, 3 partial) or 1; 1 stopped. An unknown job id
+    is exit 2.
+
+    Example:
+
+      docintel status raysubmit_4LamXRuQpYdSMg7J --address http://head:8265
+    """
+    from jobs import submit as jobs
+
+    try:
+        info = jobs.job_info(jobs.connect(jobs.resolve_address(address)), job_id)
+    except DocintelError as e:
+        _fail_escaped(e)
+        return
+    t = Table(title=f"docintel job {job_id}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", overflow="fold")
+    t.add_row("status", str(info.status))
+    t.add_row("entrypoint", Text(info.entrypoint))  # user data: never parsed as markup
+    t.add_row("started", jobs.format_time(info.start_time))
+    t.add_row("ended", jobs.format_time(info.end_time))
+    if info.driver_exit_code is not None:
+        t.add_row("entrypoint exit code", str(info.driver_exit_code))
+    message = jobs.failure_reason(info) if str(info.status) == "FAILED" else info.message
+    t.add_row("message", Text(message or "-"))
+    out.print(t, highlight=False)
+    raise typer.Exit(jobs.exit_code(info))
+
+
+@app.command()
+def logs(
+    job_id: JobIdArg,
+    address: AddressOpt = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Keep streaming new output until the job ends."),
+    ] = False,
+) -> None:
+    """Print a submitted job's log (its entrypoint's stdout and stderr).
+
+    An unknown job id is exit 2.
+
+    Examples:
+
+      docintel logs raysubmit_4LamXRuQpYdSMg7J --address http://head:8265
+
+      docintel logs raysubmit_4LamXRuQpYdSMg7J --follow
+    """
+    from jobs import submit as jobs
+
+    try:
+        client = jobs.connect(jobs.resolve_address(address))
+        if not follow:
+            _write(jobs.job_logs(client, job_id))
+            return
+        jobs.job_info(client, job_id)  # unknown id: a clear exit 2, not a socket error
+        problem = jobs.follow_logs(client, job_id, _write)
+    except DocintelError as e:
+        _fail_escaped(e)
+        return
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if problem:
+        console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)

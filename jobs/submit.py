@@ -1,0 +1,324 @@
+"""Submitting docintel batch runs as Ray jobs and following them (the Jobs SDK side).
+
+`docintel submit / status / logs` (jobs/cli_jobs.py) are thin wrappers over this module,
+so the CLI stays about options and printing while everything that talks to the cluster's
+Jobs API, stages the job's files and maps job states to exit codes lives here.
+
+The job runs ``python -m jobs.batch`` on the cluster (jobs/batch.py), which calls the same
+run function as `docintel run`. By default the job's working directory holds nothing but
+the config (as ``job.toml``): the cluster's image must have docintel installed (see
+infra/Dockerfile.cpu); nothing is pip-installed at run time (DESIGN.md, anti-patterns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import shlex
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from pipeline.config import Config, load_config
+from pipeline.errors import RunFailed, UsageError
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+# Where `docintel submit` looks for the cluster when neither --address nor RAY_ADDRESS
+# says: the dashboard of a head started on this machine (`ray start --head`).
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+DASHBOARD_PORT = 8265  # Ray's default dashboard port, for an address given without one
+# The config travels to the cluster under this name, in the job's working directory.
+JOB_CONFIG_NAME = "job.toml"
+# A reachable dashboard accepts a TCP connection at once; a dead or firewalled address
+# would otherwise hang in the SDK's first request for minutes before any message.
+CONNECT_TIMEOUT_S = 10.0
+# How often the final job state is polled once the log stream has ended.
+POLL_S = 0.5
+# After the log stream ends the job is terminal within moments; this bounds the wait for
+# the state to be recorded before we keep polling at a slower pace.
+SETTLE_S = 30.0
+# Never part of a --working-dir upload: virtualenvs and VCS data (large, and the cluster
+# has its own), run outputs, the int8 artefact (built per machine with `docintel
+# quantize`) and tool caches. Ray also skips what .gitignore lists.
+WORKING_DIR_EXCLUDES = (
+    ".venv",
+    "venv",
+    ".git",
+    "demo-out",
+    "out",
+    "models/int8",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "*.egg-info",
+    "build",
+    "dist",
+)
+# Exit codes of a job as `docintel submit` and `docintel status` report it.
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+class ClusterUnreachable(UsageError):
+    """No Ray dashboard (Jobs API) answers at the given address."""
+
+
+class ClusterAuthError(UsageError):
+    """The cluster requires a token (Ray's token authentication) that we lack or is wrong."""
+
+
+class UnknownJob(UsageError):
+    """The cluster has no job with this id."""
+
+
+def resolve_address(address: str | None) -> str:
+    """--address, else RAY_ADDRESS, else the local default; ``host:port`` gets http://."""
+    addr = (address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS).strip()
+    if addr.startswith("ray://"):
+        raise UsageError(
+            f"{addr} is a Ray Client address; job submission talks to the dashboard: "
+            f"give --address http://HEAD:{DASHBOARD_PORT}"
+        )
+    return addr if "://" in addr else f"http://{addr}"
+
+
+def _probe(address: str) -> None:
+    """Fail fast, naming the address, when nothing listens there."""
+    parts = urlsplit(address)
+    default_port = 443 if parts.scheme == "https" else DASHBOARD_PORT
+    try:
+        host, port = parts.hostname, parts.port or default_port
+    except ValueError as e:  # a port that is not a number
+        raise UsageError(f"--address {address} is not a valid URL: {e}") from e
+    if not host or parts.scheme not in {"http", "https"}:
+        raise UsageError(
+            f"--address {address} is not an http(s) URL; give the head's dashboard, "
+            f"e.g. http://HEAD:{DASHBOARD_PORT}"
+        )
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray dashboard at {address} ({e.strerror or e}); check that "
+            "the head is running with its dashboard on that host and port (`ray start "
+            f"--head --dashboard-host 0.0.0.0`), or pass --address / set RAY_ADDRESS"
+        ) from e
+
+
+def connect(address: str) -> JobSubmissionClient:
+    """A Jobs API client for the dashboard at ``address`` (already resolved)."""
+    import requests
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    _probe(address)
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError as e:
+        reason = str(e).splitlines()[0]
+        raise ClusterAuthError(
+            f"the Ray cluster at {address} requires token authentication ({reason}): "
+            "export RAY_AUTH_MODE=token and give the cluster's token in RAY_AUTH_TOKEN, or "
+            "in a file named by RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token)"
+        ) from e
+    except (ConnectionError, requests.RequestException) as e:
+        raise ClusterUnreachable(
+            f"cannot reach the Ray Jobs API at {address}: {e}; check the address"
+        ) from e
+    except RuntimeError as e:  # a server that is not a Ray dashboard, or too old
+        raise ClusterUnreachable(f"{address} does not serve Ray's Jobs API: {e}") from e
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What `docintel submit` sends: validated locally before the cluster is contacted."""
+
+    config: Config
+    config_path: Path | None
+    input: str | None  # --input (else the config's [job] input, read on the cluster)
+    output: str | None
+    run_id: str | None
+    working_dir: Path | None  # --working-dir: project source to ship with the job
+
+    @property
+    def entrypoint(self) -> str:
+        """The shell command the cluster runs; flags only for what the user passed."""
+        args = ["python", "-m", "jobs.batch", "--config", JOB_CONFIG_NAME]
+        for flag, value in (("--input", self.input), ("--output", self.output)):
+            if value:
+                args += [flag, value]
+        if self.run_id:
+            args += ["--run-id", self.run_id]
+        return shlex.join(args)
+
+
+def _is_relative_local(uri: str) -> bool:
+    return "://" not in uri and not Path(uri).expanduser().is_absolute()
+
+
+def check_request(
+    config_path: Path | None,
+    input: str | None,
+    output: str | None,
+    run_id: str | None,
+    working_dir: Path | None,
+) -> JobRequest:
+    """Validate the job locally (exit 2 before any network): config, input, output."""
+    overrides = {"job.input": input, "job.output": output, "run.run_id": run_id}
+    cfg = load_config(config_path, overrides)
+    where = f"in {config_path}" if config_path else "(no --config given)"
+    for key, value in (("input", cfg.job.input), ("output", cfg.job.output)):
+        if not value:
+            raise UsageError(f"the job has no {key}: pass --{key} URI or set [job] {key} {where}")
+        if working_dir is None and _is_relative_local(value):
+            raise UsageError(
+                f"the job's {key} {value!r} is a relative path, but the job runs in a "
+                "temporary working directory on the cluster: give an absolute path that "
+                "every node sees, or an s3:// URI (relative paths are only meaningful "
+                "with --working-dir, relative to that folder)"
+            )
+    return JobRequest(cfg, config_path, input, output, run_id, working_dir)
+
+
+def _ignore(root: Path) -> Callable[[str, list[str]], set[str]]:
+    """shutil.copytree filter for WORKING_DIR_EXCLUDES (names anywhere, or root paths)."""
+    rooted = {p for p in WORKING_DIR_EXCLUDES if "/" in p}
+    names = [p for p in WORKING_DIR_EXCLUDES if "/" not in p]
+
+    def ignore(folder: str, entries: list[str]) -> set[str]:
+        rel = Path(os.path.relpath(folder, root))
+        skip = {e for e in entries if (rel / e).as_posix() in rooted}
+        return skip | {e for e in entries if any(Path(e).match(n) for n in names)}
+
+    return ignore
+
+
+def stage_working_dir(req: JobRequest, dest: Path) -> Path:
+    """Fill ``dest`` with the job's working directory: the config as job.toml, plus a
+    filtered copy of --working-dir when given. ``dest`` must not exist yet."""
+    if req.working_dir is not None:
+        root = req.working_dir.resolve()
+        shutil.copytree(root, dest, ignore=_ignore(root))
+    else:
+        dest.mkdir(parents=True)
+    target = dest / JOB_CONFIG_NAME
+    if req.config_path is not None:
+        shutil.copyfile(req.config_path, target)
+    else:
+        target.write_text("# docintel submit: no --config given; every key at its default\n")
+    return dest
+
+
+def submit(client: JobSubmissionClient, req: JobRequest, staging: Path) -> str:
+    """Stage the working directory under ``staging``, upload it and start the job."""
+    workdir = stage_working_dir(req, staging / "job")
+    try:
+        return client.submit_job(
+            entrypoint=req.entrypoint,
+            runtime_env={"working_dir": str(workdir)},
+            metadata={
+                "docintel": "batch",
+                "config": req.config_path.name if req.config_path else "",
+            },
+        )
+    except ValueError as e:  # e.g. a --working-dir over Ray's package size limit
+        raise UsageError(f"the job's working directory cannot be shipped: {e}") from e
+    except RuntimeError as e:
+        raise RunFailed(f"the cluster refused the job: {e}") from e
+
+
+def job_info(client: JobSubmissionClient, job_id: str) -> JobDetails:
+    """The job's details; UnknownJob when the cluster has no such job."""
+    import requests
+
+    try:
+        return client.get_job_info(job_id)
+    except RuntimeError as e:
+        if "404" in str(e):
+            raise UnknownJob(
+                f"the cluster has no job {job_id!r}; list its jobs with `ray job list "
+                "--address ADDRESS` or the dashboard's Jobs page"
+            ) from e
+        raise RunFailed(f"could not read job {job_id!r}: {e}") from e
+    except requests.RequestException as e:
+        raise RunFailed(f"lost contact with the cluster while reading job {job_id!r}: {e}") from e
+
+
+def job_logs(client: JobSubmissionClient, job_id: str) -> str:
+    """Everything the job's entrypoint has written so far (stdout and stderr)."""
+    job_info(client, job_id)  # a clear UnknownJob instead of the SDK's raw 404
+    return client.get_job_logs(job_id)
+
+
+def follow_logs(client: JobSubmissionClient, job_id: str, write: Callable[[str], None]) -> str:
+    """Stream the job's logs to ``write`` until the job ends; returns a problem, or ""."""
+    import aiohttp
+
+    # The SDK logs every normal end of the stream at INFO ("WebSocket closed ...").
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            write(chunk)
+
+    try:
+        asyncio.run(tail())
+    except (RuntimeError, OSError, aiohttp.ClientError) as e:  # the job may still run
+        return f"the log stream ended early ({e}); waiting for the job's final state"
+    return ""
+
+
+def wait_terminal(client: JobSubmissionClient, job_id: str) -> JobDetails:
+    """Poll until the job reaches a terminal state (fast at first, then every few s)."""
+    t0 = time.monotonic()
+    while True:
+        info = job_info(client, job_id)
+        if info.status.is_terminal():
+            return info
+        time.sleep(POLL_S if time.monotonic() - t0 < SETTLE_S else 5 * POLL_S)
+
+
+def exit_code(info: JobDetails) -> int:
+    """The exit code that mirrors a job's state: 0 while it runs or when it succeeded;
+    for a failed job the entrypoint's own code (2 usage, 3 partial, 1 run failed) when
+    Ray reports one, else 1; a stopped job 1."""
+    status = str(info.status)
+    if status in {"PENDING", "RUNNING", "SUCCEEDED"}:
+        return EXIT_OK
+    if status == "FAILED":
+        code = info.driver_exit_code
+        return code if code is not None and 0 < code < 256 else EXIT_FAILED
+    return EXIT_FAILED
+
+
+def failure_reason(info: JobDetails) -> str:
+    """Why a job did not succeed, in one or two lines.
+
+    Ray's message for a failed entrypoint carries the last 20,000 characters of its log;
+    the entrypoint's own ``docintel: ...`` line is the reason a user wants, so that is
+    picked out; other failures (runtime env setup, a stopped job) keep Ray's message.
+    """
+    message = (info.message or "").strip()
+    if not message:
+        return f"job ended {info.status} without a message"
+    head, *rest = message.splitlines()
+    head = head.split(", last available logs")[0]  # the log itself follows, or was shown
+    ours = [line.strip() for line in rest if line.strip().startswith("docintel:")]
+    return f"{head}\n{ours[-1]}" if ours else (head if rest else message)
+
+
+def format_time(ms: int | None) -> str:
+    """A job timestamp (Unix ms) as UTC text; '-' when not set yet."""
+    if not ms:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
