@@ -1,1 +1,122 @@
 """`docintel audit`: the nightly audit command (registered on jobs.cli.app)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from jobs.cli import EXIT_PARTIAL, ConfigOpt, _fail, _run_with_progress, app, console, out
+from pipeline.config import load_config
+from pipeline.errors import DocintelError
+
+
+@app.command()
+def audit(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="Documents to audit: Parquet file, folder, glob or s3://prefix, re-read "
+            "each night (default: \\[audit] source)."
+        ),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            help="Audit root, a folder or s3://prefix: gets run_date=YYYY-MM-DD/ partitions "
+            "with report.json/report.html, and _audit/ state (default: \\[audit] output)."
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    date: Annotated[
+        str | None,
+        typer.Option(
+            help="Night to audit, YYYY-MM-DD (default: today). A date already audited is a "
+            "no-op; an interrupted one is resumed."
+        ),
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a live progress bar.")] = True,
+) -> None:
+    """Process only the documents that are new or changed since the last audit.
+
+    Source files with unchanged size and modification time are not read; in the
+    others, each document's text hash is compared with the last audit's. The
+    night's documents go through one normal docintel run, written to
+    OUTPUT/run_date=DATE/ with report.json and report.html beside it; read all
+    nights at once through the hive partition run_date. A model change
+    reprocesses every document. Exit codes as `docintel run`; 3 means some
+    source files were unreadable (they are read again next time).
+
+    Examples:
+
+      docintel audit --source corpus/ --output audits/ --date 2026-05-01
+
+      docintel audit --config nightly.toml      # source, output from the config
+    """
+    from jobs.audit import run_audit
+
+    def execute(cfg: Any, src: Any, dst: Any, on_start: Any = None, on_batch: Any = None) -> Any:
+        return run_audit(cfg, src, dst, date, on_start=on_start, on_batch=on_batch)
+
+    try:
+        cfg = load_config(config, {"run.show_progress": None if progress else False})
+        summary = _run_with_progress(execute, cfg, source, output)
+    except DocintelError as e:
+        _fail(e)
+        return
+    print_audit_summary(summary)
+    if summary.partial:
+        console.print(
+            f"[bold yellow]docintel: partial audit:[/] {len(summary.skipped_files)} source "
+            "file(s) were unreadable and skipped (listed above); they are read again next "
+            "time; exit code 3",
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def print_audit_summary(s: Any) -> None:
+    """The audit as a table: what changed, what ran, where the report is."""
+    for note in s.notes:
+        console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
+    for w in s.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    for f in s.skipped_files:
+        console.print(f"[yellow]skipped:[/] {escape(f['reason'])}", highlight=False)
+    if s.already_complete:
+        out.print(
+            f"the audit of {s.date} in {escape(s.output)} is already complete: nothing to "
+            f"do ({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} "
+            f"errors); report: {escape(s.report)}",
+            highlight=False,
+        )
+        return
+    t = Table(title=f"docintel audit {s.date}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    t.add_row("new documents", f"{s.new:,}")
+    t.add_row("changed documents", f"{s.changed:,}")
+    t.add_row("removed documents", f"{s.removed:,}")
+    t.add_row("unchanged documents", f"{s.unchanged:,}")
+    if s.models_changed:
+        t.add_row("reprocessed (models changed)", f"{s.reprocessed:,}")
+    t.add_row("documents processed", f"{s.documents:,}")
+    t.add_row("sentences", f"{s.sentences:,}")
+    t.add_row("errors (documents)", f"{s.errors:,}")
+    if s.run is not None:
+        t.add_row("run", f"{s.run_id} ({s.run.wall_seconds:,.1f} s)")
+        if s.run.skipped_batches:
+            t.add_row("batches (this run / resumed)", f"{s.run.batches} / {s.run.skipped_batches}")
+    elif not s.ran:
+        t.add_row("run", "none: nothing new or changed")
+    t.add_row("partition", escape(s.partition))
+    t.add_row("report", escape(s.report))
+    out.print(t)
+    if s.models_changed:
+        console.print(
+            "[cyan]note:[/] the model versions differ from the last audit's, so every "
+            "document was processed again",
+            highlight=False,
+        )
