@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -43,7 +44,7 @@ EXIT_PARTIAL = 3  # completed, but unreadable input files were skipped
 def _fail(e: Exception) -> None:
     code = 2 if isinstance(e, UsageError) else 1
     kind = "usage error" if code == 2 else "run failed"
-    console.print(f"[bold red]docintel: {kind}:[/] {e}", highlight=False)
+    console.print(f"[bold red]docintel: {kind}:[/] {escape(str(e))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -198,7 +199,7 @@ def _print_summary(s: Any) -> None:
         )
         return
     for w in s.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     t = Table(title=f"docintel run {s.run_id}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", justify="right")
@@ -325,8 +326,9 @@ def quantize(
         Path | None,
         typer.Option(
             "--out",
-            help="Artefact folder (default: [embed] int8_dir, i.e. "
-            "models/int8/<encoder version>/).",
+            help="int8 folder (default: \\[embed] int8_dir, i.e. "
+            "models/int8/<encoder version>/); the classifier goes to "
+            "OUT/classify/<classifier version>.int8.onnx.",
         ),
     ] = None,
     data: Annotated[
@@ -334,12 +336,14 @@ def quantize(
         typer.Option(help="Labelled CSV/Parquet for the parity report."),
     ] = Path("data/twitter_fin_sentiment/sent_valid.csv"),
 ) -> None:
-    """Build the int8 CPU encoder offline, with a parity report against fp32.
+    """Build the int8 CPU encoder and classifier offline, with a parity report against fp32.
 
     Exports the configured encoder to ONNX and quantizes it (ONNX Runtime dynamic int8,
-    per-channel weights, FFN output projections kept fp32), then measures mean/min cosine
-    of its embeddings to fp32 and the classifier's macro-F1 with each on DATA; writes
-    parity.json beside the artefact. CPU replicas of a spill layout load it.
+    per-channel weights, FFN output projections kept fp32); rebuilds the configured Keras
+    classifier as ONNX from its weights and quantizes it the same way (runs without
+    TensorFlow). Then measures, on DATA, the encoder's embedding cosines to fp32 and the
+    macro-F1 of int8 encoder, int8 classifier and both together against fp32 + fp32;
+    writes parity.json in the int8 folder. CPU replicas of a spill layout load both.
 
     Example:
 
@@ -347,31 +351,49 @@ def quantize(
     """
     import json
 
-    from pipeline.quantize import build_int8, parity_report
+    from pipeline.quantize import (
+        INT8_MODEL_FILE,
+        PARITY_FILE,
+        build_int8,
+        build_int8_classifier,
+        parity_report,
+    )
 
     try:
         cfg = load_config(config)
         target = out_dir or cfg.embed.resolved_int8_dir()
+        clf_dir = cfg.classify.resolved_model_dir()
         with console.status(f"exporting and quantizing {cfg.embed.resolved_model_path()}"):
             build_int8(cfg.embed.resolved_model_path(), target)
+        with console.status(f"converting and quantizing {clf_dir}"):
+            head = build_int8_classifier(clf_dir, target)
         with console.status(f"parity report on {data}"):
-            report = parity_report(target, cfg.embed, cfg.classify.resolved_model_dir(), data)
+            report = parity_report(target, cfg.embed, clf_dir, data)
     except DocintelError as e:
         _fail(e)
         return
-    (target / "parity.json").write_text(json.dumps(report, indent=2) + "\n")
-    t = Table(title=f"int8 encoder in {target} vs fp32 on {data.name} (n={report['n']:,})")
-    t.add_column("measure")
-    t.add_column("value", justify="right")
-    t.add_row(
-        "embedding cosine, mean / min", f"{report['cosine_mean']:.4f} / {report['cosine_min']:.4f}"
+    (target / PARITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    enc, clf, both = report["encoder"], report["classifier"], report["end_to_end"]
+    t = Table(
+        title=f"int8 vs fp32 on {data.name} (n={report['n']:,}; "
+        f"fp32 + fp32 macro-F1 {report['macro_f1_fp32']:.4f})"
     )
-    t.add_row(
-        "macro-F1 fp32 / int8", f"{report['macro_f1_fp32']:.4f} / {report['macro_f1_int8']:.4f}"
-    )
-    t.add_row("macro-F1 drop", f"{report['macro_f1_drop']:+.4f}")
-    t.add_row("labels agree", f"{report['labels_agree']:.2%}")
+    for col in ("int8", "macro-F1", "drop", "labels agree"):
+        t.add_column(col, justify="left" if col == "int8" else "right")
+    for name, part in (("encoder", enc), ("classifier", clf), ("both", both)):
+        t.add_row(
+            name,
+            f"{part['macro_f1_int8']:.4f}",
+            f"{part['macro_f1_drop']:+.4f}",
+            f"{part['labels_agree']:.2%}",
+        )
     out.print(t)
+    out.print(
+        f"encoder embeddings: cosine to fp32 mean {enc['cosine_mean']:.4f}, "
+        f"min {enc['cosine_min']:.4f}; classifier probabilities: max difference "
+        f"{clf['max_prob_diff']:.4f}"
+    )
+    out.print(f"wrote {target / INT8_MODEL_FILE}, {head} and {target / PARITY_FILE}")
 
 
 @app.command()
@@ -419,4 +441,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as `python -m jobs.cli`, this file is `__main__`, while the command modules
+    # imported above registered on the `app` of the module `jobs.cli`: use that one.
+    from jobs.cli import main as _main
+
+    _main()

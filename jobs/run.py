@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from pipeline.config import ERROR_FRACTION_MIN_DOCS, Config
 from pipeline.errors import ModelError, RunFailed, UsageError
-from pipeline.quantize import INT8_MODEL_FILE
+from pipeline.quantize import INT8_MODEL_FILE, classifier_int8_path
 from pipeline.schema import DOC_ID, N_TOKENS, TEXT
 from pipeline.sink import (
     TABLES,
@@ -125,13 +125,22 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
             )
     from actors.stages import cpu_int8
 
-    if cpu_int8(cfg) and cfg.resources.embed.replicas > 0 and cfg.run.spill != "gpu-only":
+    cpu_pools = cfg.run.spill != "gpu-only"
+    if cpu_int8(cfg, "embed") and cfg.resources.embed.replicas > 0 and cpu_pools:
         int8 = cfg.embed.resolved_int8_dir()
         if not (int8 / INT8_MODEL_FILE).is_file():
             raise ModelError(
                 f"the embed stage's CPU replicas run the int8 encoder, but {int8} holds no "
                 f"{INT8_MODEL_FILE}: build it once with `docintel quantize`, or set [embed] "
                 'cpu_precision = "fp32"'
+            )
+    if cpu_int8(cfg, "classify") and cfg.resources.classify.replicas > 0 and cpu_pools:
+        head = classifier_int8_path(cfg.embed.resolved_int8_dir(), clf_dir)
+        if not head.is_file():
+            raise ModelError(
+                f"the classify stage's CPU replicas run the int8 classifier, but {head} (the "
+                f"int8 copy of {clf_dir}, keyed by its version) does not exist: build it "
+                'once with `docintel quantize`, or set [embed] cpu_precision = "fp32"'
             )
     versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
     return labels, versions, warnings

@@ -4,6 +4,16 @@ The encoder is exported to ONNX and quantized with ONNX Runtime's dynamic int8 (
 int8 weights, uint8 activations computed per call), keeping the six FFN output projections
 in fp32: on this 2-core AVX2 machine 2.8x the fp32 torch encoder's sentences/s, mean cosine
 0.996 (min 0.989) to fp32 embeddings, macro-F1 -0.0024 end to end (BENCHMARKS.md, "int8").
+
+The Keras classifier head is rebuilt as a plain ONNX graph from its weights (MatMul, Add,
+Relu, Softmax, one Sum for the ensemble average) and quantized the same way; it runs on
+ONNX Runtime without TensorFlow in the process (bench/quantize_classifier.md: Keras's own
+``quantize("int8")`` was 3x slower than fp32 Keras, TFLite dynamic-range as fast as ORT
+but needs TensorFlow or a new dependency to run). Both artefacts live in the int8 folder
+(``[embed] int8_dir``): the encoder's files at its root, the classifier as one file
+``classify/<classifier version>.int8.onnx`` that carries its recipe and labels as ONNX
+metadata. A ``.onnx`` file is not fingerprinted, so adding or rebuilding the classifier
+does not change the int8 encoder's recorded version.
 """
 
 from __future__ import annotations
@@ -21,6 +31,17 @@ from pipeline.versions import fingerprint
 ONNX_OPSET = 17  # LayerNormalization is a standard op from 17; ORT fuses it at load
 INT8_MODEL_FILE = "model.int8.onnx"
 RECIPE_FILE = "quantize.json"
+PARITY_FILE = "parity.json"
+# The int8 classifier: <int8 dir>/classify/<classifier version>.int8.onnx (one file; a new
+# classifier version gets a new file beside the old ones, never overwrites them).
+CLASSIFIER_SUBDIR = "classify"
+CLASSIFIER_INT8_SUFFIX = ".int8.onnx"
+CLASSIFIER_INPUT = "embedding"
+CLASSIFIER_OUTPUT = "probs"
+# ONNX metadata keys of the int8 classifier (what it was built from and how).
+META_SOURCE_FINGERPRINT = "docintel.source_fingerprint"
+META_LABELS = "docintel.labels"
+META_RECIPE = "docintel.recipe"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -151,6 +172,180 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def classifier_int8_path(int8_dir: Path, classifier_dir: Path) -> Path:
+    """Where ``docintel quantize`` puts the int8 copy of ``classifier_dir``: keyed by the
+    classifier's version, so a retrained head never runs a stale int8 copy."""
+    return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_INT8_SUFFIX}"
+
+
+def _inbound(layer_cfg: dict[str, Any]) -> list[str]:
+    """Names of the layers feeding one layer of a Keras functional config, in order."""
+    names: list[str] = []
+
+    def walk(arg: Any) -> None:
+        if isinstance(arg, dict) and arg.get("class_name") == "__keras_tensor__":
+            names.append(arg["config"]["keras_history"][0])
+        elif isinstance(arg, list | tuple):
+            for a in arg:
+                walk(a)
+
+    for node in layer_cfg.get("inbound_nodes", []):
+        walk(node.get("args", []))
+    return names
+
+
+def keras_head_to_onnx(model: Any, where: Path) -> Any:
+    """The fp32 ONNX graph of a classifier head written by `docintel train`.
+
+    Supports what `docintel train` builds (Input, Dense with linear/relu/softmax, Dropout,
+    Average); anything else is refused with the layer's name, because a silently wrong
+    conversion would mislabel every spilled sentence. Built from the weights with
+    ``onnx.helper``: tf2onnx does not install beside TensorFlow 2.21 / protobuf 7.
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    cfg = model.get_config()
+    nodes: list[Any] = []
+    inits: list[Any] = []
+    out_of: dict[str, str] = {}  # layer name -> ONNX tensor holding its output
+    for layer_cfg in cfg["layers"]:
+        kind, name = layer_cfg["class_name"], layer_cfg["name"]
+        src = [out_of[n] for n in _inbound(layer_cfg)]
+        if kind == "InputLayer":
+            out_of[name] = CLASSIFIER_INPUT
+        elif kind == "Dropout":  # identity at inference
+            out_of[name] = src[0]
+        elif kind == "Dense":
+            weights = [np.asarray(w, np.float32) for w in model.get_layer(name).get_weights()]
+            act = layer_cfg["config"]["activation"]
+            if act not in ("linear", "relu", "softmax"):
+                raise ModelError(
+                    f"{where}: layer {name!r} has activation {act!r}; the int8 classifier "
+                    "supports linear, relu and softmax (heads written by `docintel train`)"
+                )
+            out = f"{name}/out"
+            pre = f"{name}/pre" if act != "linear" else out
+            inits.append(numpy_helper.from_array(weights[0], f"{name}/kernel"))
+            mm = f"{name}/mm" if len(weights) > 1 else pre
+            nodes.append(
+                helper.make_node("MatMul", [src[0], f"{name}/kernel"], [mm], name=f"{name}/MatMul")
+            )
+            if len(weights) > 1:  # use_bias
+                inits.append(numpy_helper.from_array(weights[1], f"{name}/bias"))
+                nodes.append(
+                    helper.make_node("Add", [mm, f"{name}/bias"], [pre], name=f"{name}/Add")
+                )
+            if act == "relu":
+                nodes.append(helper.make_node("Relu", [pre], [out], name=f"{name}/Relu"))
+            elif act == "softmax":
+                nodes.append(
+                    helper.make_node("Softmax", [pre], [out], axis=-1, name=f"{name}/Softmax")
+                )
+            out_of[name] = out
+        elif kind == "Average":
+            out = f"{name}/out"
+            inits.append(numpy_helper.from_array(np.float32(1 / len(src)), f"{name}/inv_n"))
+            nodes += [
+                helper.make_node("Sum", src, [f"{name}/sum"], name=f"{name}/Sum"),
+                helper.make_node(
+                    "Mul", [f"{name}/sum", f"{name}/inv_n"], [out], name=f"{name}/Mul"
+                ),
+            ]
+            out_of[name] = out
+        else:
+            raise ModelError(
+                f"{where}: layer {name!r} is a {kind}; the int8 classifier converts heads of "
+                "Dense, Dropout and Average layers (as `docintel train` writes). Set [embed] "
+                'cpu_precision = "fp32" to run this classifier in fp32 on CPU replicas'
+            )
+    final = out_of[cfg["output_layers"][0]]
+    nodes.append(helper.make_node("Identity", [final], [CLASSIFIER_OUTPUT], name="output"))
+    dim, n_out = int(model.input_shape[-1]), int(model.output_shape[-1])
+    graph = helper.make_graph(
+        nodes,
+        "docintel_head",
+        [helper.make_tensor_value_info(CLASSIFIER_INPUT, TensorProto.FLOAT, ["batch", dim])],
+        [helper.make_tensor_value_info(CLASSIFIER_OUTPUT, TensorProto.FLOAT, ["batch", n_out])],
+        inits,
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    onnx.checker.check_model(onnx_model)
+    return onnx_model
+
+
+def quantize_classifier_onnx(src: Path, dst: Path, per_channel: bool = True) -> None:
+    """ORT dynamic int8 of every MatMul (int8 weights, uint8 activations per call)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        per_channel=per_channel,
+        reduce_range=False,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+    )
+
+
+def build_int8_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
+    """Build ``classifier_int8_path(int8_dir, classifier_dir)`` and return it.
+
+    Offline and deterministic: the head's fp32 graph from its weights, ORT dynamic int8 with
+    per-channel weights on every MatMul, and the source's version, labels and recipe stored
+    as ONNX metadata (the file is the whole artefact). Written to a temporary name first and
+    renamed, so a reader never sees half a file. Imports TensorFlow (to read the .keras).
+    """
+    import os
+    import tempfile
+
+    import onnx
+    import onnxruntime
+
+    from pipeline.stages.classify import MODEL_FILE, load_keras, read_classifier_meta
+
+    labels, _ = read_classifier_meta(classifier_dir)
+    model = load_keras(classifier_dir / MODEL_FILE)
+    fp32 = keras_head_to_onnx(model, classifier_dir / MODEL_FILE)
+    source = fingerprint(classifier_dir)
+    target = classifier_int8_path(int8_dir, classifier_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    recipe = {
+        "source": str(classifier_dir),
+        "format": "onnx",
+        "opset": ONNX_OPSET,
+        "graph": "Keras head rebuilt from its weights (MatMul/Add/Relu/Softmax, Sum for the "
+        "ensemble average)",
+        "quantization": {
+            "mode": "dynamic",
+            "weights": "int8 per-channel (symmetric)",
+            "activations": "uint8 per-tensor, computed per call",
+            "op_types": ["MatMul"],
+            "reduce_range": False,
+        },
+        "onnxruntime": onnxruntime.__version__,
+    }
+    with tempfile.TemporaryDirectory(prefix="docintel-quantize-head-") as tmp:
+        raw, quant = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(fp32, str(raw))
+        quantize_classifier_onnx(raw, quant, per_channel=True)
+        q = onnx.load(str(quant))
+        for key, value in (
+            (META_SOURCE_FINGERPRINT, source),
+            (META_LABELS, json.dumps(labels)),
+            (META_RECIPE, json.dumps(recipe)),
+        ):
+            entry = q.metadata_props.add()
+            entry.key, entry.value = key, value
+        fd, staged = tempfile.mkstemp(dir=target.parent, suffix=".part")
+        os.close(fd)
+        Path(staged).chmod(0o644)  # mkstemp makes it 0600; readers may be other users
+        onnx.save(q, staged)
+        Path(staged).replace(target)
+    return target
+
+
 def parity_report(
     artefact_dir: Path,
     embed_cfg: EmbedConfig,
@@ -158,11 +353,17 @@ def parity_report(
     data: Path,
     label_names: list[str] | None = None,
 ) -> dict[str, Any]:
-    """int8 vs fp32 on a labelled file: embedding cosines and end-to-end macro-F1."""
+    """int8 vs fp32 on a labelled file, for each int8 artefact and for both together.
+
+    ``encoder``: embedding cosines and macro-F1 of int8 encoder + fp32 classifier;
+    ``classifier``: fp32 encoder + int8 classifier (labels agree with fp32 on the same
+    embeddings); ``end_to_end``: int8 + int8, what a spilled sentence gets, against fp32 +
+    fp32. Drops are fp32 minus int8 (positive = int8 is worse).
+    """
     import numpy as np
 
     from pipeline.config import ClassifyConfig
-    from pipeline.stages.classify import Classifier
+    from pipeline.stages.classify import Classifier, Int8Classifier
     from pipeline.stages.embed import Embedder
     from pipeline.stages.embed_int8 import Int8Embedder
     from pipeline.train import apply_label_names, load_labelled, metrics
@@ -175,20 +376,49 @@ def parity_report(
     x32, _, _ = fp32.encode(texts)
     x8, _, _ = int8.encode(texts)
     cos = (x32 * x8).sum(axis=1)
-    clf = Classifier(ClassifyConfig(model_dir=str(classifier_dir)))
+    clf_cfg = ClassifyConfig(model_dir=str(classifier_dir))
+    clf = Classifier(clf_cfg)
     clf.setup()
+    clf8 = Int8Classifier(clf_cfg, artefact_dir)
+    clf8.setup()
     integer_ids = all(r.isdigit() for r in raw)
     labels = apply_label_names(raw, (label_names or clf.labels) if integer_ids else None)
     y = np.array([clf.labels.index(lb) for lb in labels])
-    f1_32 = metrics(y, clf.predict(x32).argmax(axis=1), clf.labels)["macro_f1"]
-    f1_8 = metrics(y, clf.predict(x8).argmax(axis=1), clf.labels)["macro_f1"]
+    p32_32 = clf.predict(x32)  # fp32 encoder, fp32 classifier: the reference
+    p8_32 = clf.predict(x8)
+    p32_8 = clf8.predict(x32)
+    p8_8 = clf8.predict(x8)
+
+    def f1(p: np.ndarray) -> float:
+        return float(metrics(y, p.argmax(axis=1), clf.labels)["macro_f1"])
+
+    def agree(p: np.ndarray) -> float:
+        return float((p.argmax(axis=1) == p32_32.argmax(axis=1)).mean())
+
+    f1_ref = f1(p32_32)
     return {
         "data": str(data),
         "n": len(texts),
-        "cosine_mean": float(cos.mean()),
-        "cosine_min": float(cos.min()),
-        "macro_f1_fp32": f1_32,
-        "macro_f1_int8": f1_8,
-        "macro_f1_drop": f1_32 - f1_8,
-        "labels_agree": float((clf.predict(x32).argmax(1) == clf.predict(x8).argmax(1)).mean()),
+        "macro_f1_fp32": f1_ref,
+        "encoder": {
+            "artefact": str(artefact_dir / INT8_MODEL_FILE),
+            "cosine_mean": float(cos.mean()),
+            "cosine_min": float(cos.min()),
+            "macro_f1_int8": f1(p8_32),
+            "macro_f1_drop": f1_ref - f1(p8_32),
+            "labels_agree": agree(p8_32),
+        },
+        "classifier": {
+            "artefact": str(clf8.artefact_path()),
+            "version": clf8.version,
+            "macro_f1_int8": f1(p32_8),
+            "macro_f1_drop": f1_ref - f1(p32_8),
+            "labels_agree": agree(p32_8),
+            "max_prob_diff": float(np.abs(p32_8 - p32_32).max()) if len(texts) else 0.0,
+        },
+        "end_to_end": {
+            "macro_f1_int8": f1(p8_8),
+            "macro_f1_drop": f1_ref - f1(p8_8),
+            "labels_agree": agree(p8_8),
+        },
     }

@@ -62,8 +62,12 @@ def headlines() -> list[str]:
 
 @pytest.fixture(scope="session")
 def int8_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The int8 encoder artefact, built once per session exactly as `docintel quantize`."""
-    from pipeline.config import EmbedConfig
-    from pipeline.quantize import build_int8
+    """The int8 folder, built once per session exactly as `docintel quantize` builds it:
+    the encoder's files at its root and the bundled classifier's int8 copy in
+    ``classify/`` (so ``[embed] int8_dir`` = this folder serves both CPU int8 stages)."""
+    from pipeline.config import ClassifyConfig, EmbedConfig
+    from pipeline.quantize import build_int8, build_int8_classifier
 
-    return build_int8(EmbedConfig().resolved_model_path(), tmp_path_factory.mktemp("int8"))
+    folder = build_int8(EmbedConfig().resolved_model_path(), tmp_path_factory.mktemp("int8"))
+    build_int8_classifier(ClassifyConfig().resolved_model_dir(), folder)
+    return folder

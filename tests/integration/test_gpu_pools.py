@@ -68,12 +68,19 @@ def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
     # three stages' GPU replicas (0.25 + 0.5 + 0.25) alive together on the one logical GPU
     assert len(seen["gpu_actors"]) == 3 and seen["free_gpu"] == 0.0
     backends = _backends(out)
-    # the spill pool of the encoder runs the int8 artefact; the other stages' CPU replicas
-    # run fp32 (a tiny MLP and a rule-based splitter gain nothing from int8)
-    assert set(backends["embed"]) == {"gpu-sim", "cpu-int8"}, backends
-    for stage in ("sentencize", "classify"):
-        assert set(backends[stage]) == {"gpu-sim", "cpu-fp32"}, backends
-    assert set(tables["sentences"].embed_backend) == {"gpu-sim", "cpu-int8"}
+    # the spill pools of the encoder and the classifier run their int8 artefacts; the
+    # rule-based sentencizer has no weights and its CPU replicas run as they are
+    for stage in ("embed", "classify"):
+        assert set(backends[stage]) == {"gpu-sim", "cpu-int8"}, backends
+    assert set(backends["sentencize"]) == {"gpu-sim", "cpu-fp32"}, backends
+    sents = tables["sentences"]
+    for stage in ("embed", "classify"):
+        assert set(sents[f"{stage}_backend"]) == {"gpu-sim", "cpu-int8"}
+    # every spilled classify row names the int8 copy of the classifier it ran
+    spilled = sents[sents.classify_backend == "cpu-int8"]
+    gpu = sents[sents.classify_backend == "gpu-sim"]
+    assert spilled.classify_model.str.contains(r"^finsent@\w+\+int8@\w+$").all()
+    assert set(gpu.classify_model) == {spilled.classify_model.iloc[0].split("+")[0]}
 
 
 def test_without_saturation_nothing_spills(
@@ -109,7 +116,7 @@ def test_gpu_and_int8_cpu_replicas_agree_on_labels(
     tmp_path: Path, headlines: list[str], int8_encoder: Path
 ) -> None:
     """The same corpus through GPU replicas only (fp32 here) and through int8 CPU replicas
-    only: the labels of >= 97% of sentences agree."""
+    only (int8 encoder and int8 classifier): the labels of >= 97% of sentences agree."""
     inp, ids = _corpus(tmp_path, headlines, 400, row_group=100)
     labels = {}
     for spill in ("gpu-only", "cpu-only"):
@@ -124,7 +131,7 @@ def test_gpu_and_int8_cpu_replicas_agree_on_labels(
         sents = assert_exactly_once(out, ids)["sentences"].sort_values(["doc_id", "sent_index"])
         labels[spill] = sents.label.to_numpy()
         expected = "gpu-sim" if spill == "gpu-only" else "cpu-int8"
-        assert set(sents.embed_backend) == {expected}
+        assert set(sents.embed_backend) == set(sents.classify_backend) == {expected}
     assert len(labels["gpu-only"]) == len(labels["cpu-only"]) >= 400
     agree = (labels["gpu-only"] == labels["cpu-only"]).mean()
     assert agree >= 0.97, f"labels agree on {agree:.1%} of sentences"

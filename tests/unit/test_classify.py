@@ -19,6 +19,7 @@ from pipeline.stages.classify import (
     MODEL_FILE,
     TRAINING_FILE,
     Classifier,
+    Int8Classifier,
     read_classifier_meta,
 )
 
@@ -79,6 +80,9 @@ def test_missing_file_raises_model_error_naming_it(tmp_path, missing):
     with pytest.raises(ModelError, match=re.escape(missing)) as exc:
         Classifier(ClassifyConfig(model_dir=str(folder))).setup()
     assert str(folder) in str(exc.value)
+    # the int8 copy reads its labels from the same folder: the same message, first
+    with pytest.raises(ModelError, match=re.escape(missing)):
+        Int8Classifier(ClassifyConfig(model_dir=str(folder)), tmp_path / "int8").setup()
     with pytest.raises(ModelError, match=re.escape(missing)):
         read_classifier_meta(folder)
 
