@@ -43,7 +43,17 @@ def corpus(tmp_path: Path) -> Path:
 def test_help_explains_every_command() -> None:
     top = docintel("--help")
     assert top.returncode == 0
-    for cmd in ("run", "train", "evaluate", "ingest", "quantize"):
+    for cmd in (
+        "run",
+        "train",
+        "evaluate",
+        "ingest",
+        "quantize",
+        "audit",
+        "submit",
+        "status",
+        "logs",
+    ):
         assert cmd in top.stdout
         sub = docintel(cmd, "--help")
         assert sub.returncode == 0, sub.stderr
@@ -61,6 +71,29 @@ def test_help_explains_every_command() -> None:
         "--gpus",
     ):
         assert opt in run_help
+
+
+def test_python_m_jobs_cli_has_every_command() -> None:
+    """`python -m jobs.cli` must see the commands that register from their own modules."""
+    r = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "audit", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "run_date" in r.stdout
+
+
+def test_error_messages_keep_config_section_names(tmp_path: Path, corpus: Path) -> None:
+    """Messages name config keys as `[embed] cpu_precision`; rich must not eat them as markup."""
+    cfg = tmp_path / "spill.toml"
+    cfg.write_text(
+        f'[embed]\nint8_dir = "{tmp_path / "no-int8"}"\n[resources.embed]\ngpu_replicas = 1\n'
+    )
+    r = docintel("run", corpus, tmp_path / "out", "--config", cfg, "--gpus", "1")
+    assert r.returncode == 2, r.stderr
+    assert "[embed] cpu_precision" in r.stderr
 
 
 def test_missing_text_column_exits_2_naming_columns(tmp_path: Path, corpus: Path) -> None:
