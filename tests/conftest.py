@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +19,36 @@ from pipeline.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 VALID_CSV = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
+
+
+def sigkill_after_parts(
+    cmd: list[str], parts: Path, n: int, env: dict[str, str] | None = None, timeout: float = 300
+) -> int:
+    """Start ``cmd`` (a driver), SIGKILL it once ``parts`` holds ``n`` committed part files.
+
+    Also kills its embedded Ray's daemons and workers, which on a real machine would die
+    with it. Returns how many parts were committed when it died.
+    """
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    tree: list[psutil.Process] = []
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            if parts.is_dir() and len(list(parts.glob("part-*.parquet"))) >= n:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"driver ended before the kill: {proc.stderr.read()[-2000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    return len(list(parts.glob("part-*.parquet")))
 
 
 def write_docs(

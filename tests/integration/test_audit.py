@@ -3,12 +3,10 @@ changes, a SIGKILLed audit resumed, and the command line. Real Parquet, real run
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -27,7 +24,7 @@ from jobs.audit import AuditSummary, run_audit
 from jobs.cli import app
 from pipeline.config import BUNDLED_CLASSIFIER, Config
 from pipeline.errors import ConfigError, InputError, UsageError
-from tests.conftest import REPO, assert_exactly_once, run_config, write_docs
+from tests.conftest import REPO, assert_exactly_once, run_config, sigkill_after_parts, write_docs
 from tests.integration.test_s3 import (  # moto's S3 server on loopback and its helpers
     IN_BUCKET,
     OUT_BUCKET,
@@ -323,27 +320,8 @@ def test_sigkilled_audit_resumes_its_run_and_ends_consistent(
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cmd = [sys.executable, "-m", "jobs.nightly_audit", "--config", str(config), "--date", D1]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )  # fmt: skip
     parts = out / f"run_date={D1}" / "documents"
-    deadline = time.monotonic() + 300
-    tree: list[psutil.Process] = []
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-            if parts.is_dir() and len(list(parts.glob("part-*.parquet"))) >= 3:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"audit ended before the kill: {proc.stderr.read()[-2000:]}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:  # the embedded Ray's daemons and workers die with their machine, here by hand
-        for p in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-    done_before = len(list(parts.glob("part-*.parquet")))
+    done_before = sigkill_after_parts(cmd, parts, 3, env=env)
     assert 3 <= done_before < 20
     assert not (out / f"run_date={D1}" / "_manifest.json").exists()
     assert not (out / "_audit" / "state.json").exists()

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import ray
 
 from actors.cluster import actor_name
 from jobs.run import execute
 from pipeline.errors import RunFailed
-from tests.conftest import REPO, assert_exactly_once, run_config, write_docs
+from tests.conftest import assert_exactly_once, run_config, sigkill_after_parts, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -108,26 +104,8 @@ def test_sigkill_driver_then_resume_redoes_only_uncommitted(
         "2",
         "--no-progress",
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
     parts = out / "documents"
-    deadline = time.monotonic() + 300
-    tree: list[psutil.Process] = []
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-            if parts.is_dir() and len(list(parts.glob("part-*.parquet"))) >= 5:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"driver ended before the kill: {proc.stderr.read()[-2000:]}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:  # the embedded Ray's daemons and workers die with their machine, here by hand
-        for p in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-    done_before = len(list(parts.glob("part-*.parquet")))
+    done_before = sigkill_after_parts(cmd, parts, 5)
     assert not (out / "_manifest.json").exists()
     assert 5 <= done_before < 40
 
