@@ -42,11 +42,6 @@ JobIdArg = Annotated[
 ]
 
 
-def _fail_escaped(e: DocintelError) -> None:
-    """jobs.cli._fail prints with Rich markup, which would swallow "[job]" in a message."""
-    _fail(type(e)(escape(str(e))))
-
-
 def _write(chunk: str) -> None:
     """Job log text goes to stdout as is (no Rich markup parsing of user data)."""
     sys.stdout.write(chunk)
@@ -123,7 +118,7 @@ def submit(
         with tempfile.TemporaryDirectory(prefix="docintel-job-") as staging:
             job_id = jobs.submit(client, req, Path(staging))
     except DocintelError as e:
-        _fail_escaped(e)
+        _fail(e)
         return
     out.print(f"submitted job {job_id} to {addr}", highlight=False)
     console.print(f"entrypoint: {req.entrypoint}", highlight=False, markup=False)
@@ -152,7 +147,7 @@ def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except DocintelError as e:
-        _fail_escaped(e)
+        _fail(e)
         return
     _report_end(info)
     raise typer.Exit(jobs.exit_code(info))
@@ -191,7 +186,7 @@ def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
     try:
         info = jobs.job_info(jobs.connect(jobs.resolve_address(address)), job_id)
     except DocintelError as e:
-        _fail_escaped(e)
+        _fail(e)
         return
     t = Table(title=f"docintel job {job_id}", show_header=False)
     t.add_column("what", style="bold")
@@ -237,7 +232,7 @@ def logs(
         jobs.job_info(client, job_id)  # unknown id: a clear exit 2, not a socket error
         problem = jobs.follow_logs(client, job_id, _write)
     except DocintelError as e:
-        _fail_escaped(e)
+        _fail(e)
         return
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
