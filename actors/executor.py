@@ -3,13 +3,18 @@
 Each batch moves read → sentencize → embed → classify → write. The driver only passes
 ObjectRefs from call to call (``fetch_local=False``): document data never reaches it.
 A batch advances to the next stage when its previous call finished and the dispatcher
-grants a replica slot; at most ``max_batches`` batches are between read and write at once,
-so memory stays bounded whatever the corpus size.
+grants a replica slot (pipeline/dispatch.py: GPU first, CPU when the GPU replicas are
+saturated, else the batch waits here); at most ``max_batches`` batches are between read
+and write at once, so memory stays bounded whatever the corpus size. The driver tells the
+dispatcher when it submitted and when it saw each call finish, which is how the policy
+learns each replica's service time.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import logging
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +29,14 @@ from pipeline.sink import BatchStats, write_batch
 from pipeline.source import WorkUnit, read_unit
 
 STAGE_ORDER = ("sentencize", "embed", "classify")
+READ = "read"
 WRITE = "write"
 # A batch whose chain fails (after Ray's own actor restarts and task retries) is re-run
 # from its read this many times before the run fails: enough for a node loss, not a loop.
 MAX_BATCH_ATTEMPTS = 3
 WAIT_TIMEOUT_S = 1.0  # how often the loop wakes with nothing finished (progress refresh)
+
+log = logging.getLogger(__name__)
 
 
 def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) -> Any:
@@ -77,6 +85,8 @@ class Executor:
         self.sink = sink
         self.io_cpus = io_cpus
         self.max_batches = max_batches
+        # Seconds batches spent ready for a stage but held on the driver (no slot granted).
+        self.held_s: Counter[str] = Counter()
 
     def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
         opts = task_options(self.io_cpus, num_returns=len(unit.batch_ids))
@@ -92,7 +102,7 @@ class Executor:
         on_batch: Callable[[BatchStats], None],
     ) -> list[BatchStats]:
         """Process every batch of ``units`` not in ``skip``; return the stats of each."""
-        queues: dict[str, deque[tuple[_Flight, ray.ObjectRef]]] = {
+        queues: dict[str, deque[tuple[_Flight, ray.ObjectRef, float]]] = {
             s: deque() for s in (*STAGE_ORDER, WRITE)
         }
         pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = {}
@@ -111,9 +121,11 @@ class Executor:
                 for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
                     if batch_id in skip:
                         continue
-                    queues[STAGE_ORDER[0]].append((_Flight(batch_id, ref), ref))
+                    # a batch enters the first stage's queue when its read finished, so
+                    # the dispatcher times replica calls, not reads
+                    pending[ref] = (_Flight(batch_id, ref), READ, None)
                     admitted += 1
-            self._dispatch(queues, pending)
+            self._dispatch(queues, pending, time.monotonic())
             if not pending:
                 break
             ready, _ = ray.wait(
@@ -123,33 +135,42 @@ class Executor:
                 ready, _ = ray.wait(
                     list(pending), num_returns=len(pending), timeout=0, fetch_local=False
                 )
+            now = time.monotonic()  # one timestamp per poll: see Dispatcher.release
             for ref in ready:
                 flight, stage, replica = pending.pop(ref)
                 if replica is not None:
-                    self.dispatcher.release(replica)
+                    self.dispatcher.release(replica, now)
                 if stage != WRITE:
-                    queues[_next(stage)].append((flight, ref))
+                    queues[_next(stage)].append((flight, ref, now))
                     continue
                 stats = self._finish(flight, ref, queues)
                 if stats is not None:
                     admitted -= 1
                     done.append(stats)
                     on_batch(stats)
+        replicas, held = self.dispatcher.stats(), dict(self.held_s)
+        log.info(
+            "dispatch: %s; held on the driver (s): %s",
+            replicas,
+            held,
+            extra={"replicas": replicas, "held_s": held},
+        )
         return done
 
-    def _dispatch(self, queues: dict[str, deque], pending: dict) -> None:
+    def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
         for stage in STAGE_ORDER:
             q = queues[stage]
             while q:
-                replica = self.dispatcher.acquire(stage)
+                replica = self.dispatcher.acquire(stage, now)
                 if replica is None:
                     break
-                flight, ref = q.popleft()
+                flight, ref, ready_at = q.popleft()
+                self.held_s[stage] += now - ready_at
                 out = self.actors[replica.key].process.remote(ref)
                 pending[out] = (flight, stage, replica)
         q = queues[WRITE]
         while q:
-            flight, ref = q.popleft()
+            flight, ref, _ = q.popleft()
             out = _write_task.options(**task_options(self.io_cpus)).remote(
                 self.sink.fs, self.sink.root, ref, self.sink.labels, self.sink.embeddings
             )
@@ -165,10 +186,12 @@ class Executor:
                     f"batch {flight.batch_id} failed {flight.attempts} times; last error: {e}"
                 ) from e
             flight.attempts += 1
-            queues[STAGE_ORDER[0]].append((flight, flight.read_ref))
+            queues[STAGE_ORDER[0]].append((flight, flight.read_ref, time.monotonic()))
             return None
 
 
 def _next(stage: str) -> str:
+    if stage == READ:
+        return STAGE_ORDER[0]
     i = STAGE_ORDER.index(stage)
     return STAGE_ORDER[i + 1] if i + 1 < len(STAGE_ORDER) else WRITE

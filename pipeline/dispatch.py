@@ -1,58 +1,187 @@
 """Routing policy: which replica of a stage's pools takes the next batch (no Ray inside).
 
-Each replica has ``max_in_flight`` slots. ``acquire`` returns the least-loaded GPU replica
-with a free slot; when every GPU replica is full (saturated), the least-loaded CPU replica
-with a free slot (the batch *spills* to the int8 CPU pool); else None, and the batch waits
-for a slot, which bounds work in flight end to end. As GPU slots free up, the next batches
-go back to the GPU. Which pools exist is the spill mode's choice (actors/resources.py).
-The Ray executor (actors/executor.py) owns the actor handles and calls
-``acquire``/``release`` around each actor call.
+Each replica has ``max_in_flight`` slots and runs one call at a time (its queued calls wait
+in Ray). The policy, per call:
+
+1. **GPU first.** The GPU replica with a free slot that would start the batch soonest takes
+   it, unless it is *saturated*: its queue would delay the batch longer than the best CPU
+   replica would take to finish it (that replica's own queue plus its service time). An
+   idle GPU replica is never saturated, so with spare GPU capacity nothing goes to the CPU.
+2. **Spill.** When every GPU replica is full or saturated, the CPU replica with a free slot
+   and the earliest expected finish takes it (the int8 pool).
+3. **Wait.** Otherwise ``acquire`` returns None and the batch waits on the driver until a
+   call finishes: work in flight stays bounded end to end, and a batch is never parked
+   behind a slow GPU call while a CPU replica would have finished it sooner.
+
+As GPU calls finish, their replicas' queues shrink and new batches go back to the GPU.
+Expected waits come from measured service times: the driver sees each call finish, and a
+replica runs one call at a time in submission order, so a call's service time is from
+``max(its submission, the replica's previous finish)`` to its finish, smoothed per replica
+(EWMA). Which pools exist is the spill mode's choice (actors/resources.py). The Ray
+executor (actors/executor.py) owns the actor handles and calls ``acquire``/``release``
+around each actor call with the time it observed.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-SPILL_ORDER = ("gpu", "cpu")  # GPU replicas first; CPU replicas only when GPUs are full
+SPILL_ORDER = ("gpu", "cpu")  # GPU replicas first; CPU replicas only when GPUs are saturated
+# Weight of the newest service-time sample. 0.3 follows a replica that slows down (a
+# neighbour starts competing for its cores) within a few calls, while one odd batch (a
+# long document) moves the estimate by less than a third.
+EWMA_ALPHA = 0.3
+# Until a pool's first call finishes its replicas have no estimate. An idle replica is then
+# taken (GPU first), which measures it; a busy GPU replica of unknown speed gets no second
+# call while there is a CPU pool (its wait is unknown, so it counts as saturated), and an
+# unmeasured busy CPU pool never makes a measured GPU replica look saturated.
 
 
 @dataclass
 class Replica:
+    """One actor of a stage pool, as the policy sees it: its slots and its measured speed."""
+
     stage: str
     index: int
     backend: str  # the pool it belongs to: "gpu" or "cpu"
     max_in_flight: int
-    in_flight: int = 0
+    service_s: float | None = None  # EWMA of measured call times; None until one finishes
+    submitted: deque[float] = field(default_factory=deque)  # calls in flight, oldest first
+    last_done: float = -math.inf  # when the driver last saw one of its calls finish
+    # Totals for reports (bench/spill.py, the executor's end-of-run log line).
+    calls: int = 0
+    busy_s: float = 0.0  # measured service time, summed
+    queued_s: float = 0.0  # time calls waited in this replica's queue, summed
 
     @property
     def key(self) -> str:
         return f"{self.stage}/{self.backend}/{self.index}"
 
     @property
+    def in_flight(self) -> int:
+        return len(self.submitted)
+
+    @property
     def free(self) -> int:
         return self.max_in_flight - self.in_flight
+
+    def wait(self, now: float, service: float) -> float:
+        """Expected seconds before a call submitted ``now`` would start on this replica.
+
+        A running call past its expected end (a neighbour took its cores, a long batch) is
+        assumed to need a whole service time more: counting it as about to finish would
+        park batches behind a stalled call, while waiting for it to finish costs one driver
+        round trip (milliseconds) of idle replica.
+        """
+        if not self.submitted:
+            return 0.0
+        started = max(self.submitted[0], self.last_done)
+        remaining = started + service - now
+        if remaining <= 0:
+            remaining = service
+        return remaining + (self.in_flight - 1) * service
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "replica": self.key,
+            "calls": self.calls,
+            "busy_s": round(self.busy_s, 3),
+            "queued_s": round(self.queued_s, 3),
+            "service_s": None if self.service_s is None else round(self.service_s, 4),
+        }
 
 
 @dataclass
 class Dispatcher:
     pools: dict[str, list[Replica]]
     served: Counter[str] = field(default_factory=Counter)  # calls per replica key
+    clock: Callable[[], float] = time.monotonic  # the executor passes its own ``now``
 
-    def acquire(self, stage: str) -> Replica | None:
-        for kind in SPILL_ORDER:
-            candidates = [r for r in self.pools[stage] if r.backend == kind and r.free > 0]
-            if candidates:
-                best = max(candidates, key=lambda r: (r.free, -r.index))
-                best.in_flight += 1
-                self.served[best.key] += 1
-                return best
+    def service(self, replica: Replica) -> float | None:
+        """The replica's expected call time: its own EWMA, else its pool's mean, else None."""
+        if replica.service_s is not None:
+            return replica.service_s
+        known = [
+            r.service_s
+            for r in self.pools[replica.stage]
+            if r.backend == replica.backend and r.service_s is not None
+        ]
+        return sum(known) / len(known) if known else None
+
+    def _wait(self, r: Replica, now: float) -> float:
+        """Expected delay before ``r`` starts a new call: 0 when idle, inf when busy with
+        calls of unknown length (its pool not measured yet)."""
+        s = self.service(r)
+        if s is None:
+            return 0.0 if r.in_flight == 0 else math.inf
+        return r.wait(now, s)
+
+    def _finish(self, r: Replica, now: float) -> float:
+        """Expected finish of a new call on ``r``. Unmeasured: 0 when idle (try it, which
+        measures it), inf when busy (no estimate to spill on)."""
+        s = self.service(r)
+        if s is None:
+            return 0.0 if r.in_flight == 0 else math.inf
+        return r.wait(now, s) + s
+
+    def acquire(self, stage: str, now: float | None = None) -> Replica | None:
+        """The replica that takes the next call of ``stage``, its slot taken; None = wait."""
+        now = self.clock() if now is None else now
+        replicas = self.pools[stage]
+        for i, kind in enumerate(SPILL_ORDER):
+            free = [r for r in replicas if r.backend == kind and r.free > 0]
+            if not free:
+                continue
+            if i == len(SPILL_ORDER) - 1:  # the last pool: earliest expected finish
+                best = min(free, key=lambda r: (self._finish(r, now), -r.free, r.index))
+                return self._take(best, now)
+            best = min(free, key=lambda r: (self._wait(r, now), -r.free, r.index))
+            # The pools after this one, slots free or not: how soon they could finish it.
+            later = [r for r in replicas if r.backend in SPILL_ORDER[i + 1 :]]
+            fallback = min((self._finish(r, now) for r in later), default=math.inf)
+            wait = self._wait(best, now)
+            # not saturated: nowhere else to go, or a known wait no longer than the fallback
+            if not later or (wait < math.inf and wait <= fallback):
+                return self._take(best, now)
         return None
 
-    def release(self, replica: Replica) -> None:
-        if replica.in_flight <= 0:
+    def _take(self, replica: Replica, now: float) -> Replica:
+        replica.submitted.append(now)
+        self.served[replica.key] += 1
+        return replica
+
+    def release(self, replica: Replica, now: float | None = None) -> None:
+        """One call of ``replica`` finished (or failed), observed by the driver at ``now``.
+
+        The executor passes the same ``now`` for every call it saw finish in one poll; a
+        replica's second call seen in the same poll gives no service-time sample (only
+        their total is known), so it counts in ``calls`` but not in the estimate.
+        """
+        if not replica.submitted:
             raise RuntimeError(f"release of {replica.key} with no call in flight")
-        replica.in_flight -= 1
+        now = self.clock() if now is None else now
+        submitted = replica.submitted.popleft()
+        started = max(submitted, replica.last_done)
+        replica.calls += 1
+        replica.queued_s += max(0.0, started - submitted)
+        if replica.last_done != now:
+            sample = max(0.0, now - started)
+            replica.busy_s += sample
+            replica.service_s = (
+                sample
+                if replica.service_s is None
+                else EWMA_ALPHA * sample + (1 - EWMA_ALPHA) * replica.service_s
+            )
+        replica.last_done = now
 
     def slots(self, stage: str) -> int:
         return sum(r.max_in_flight for r in self.pools[stage])
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per replica: calls, measured busy and queue seconds, current service estimate."""
+        return [r.stats() for rs in self.pools.values() for r in rs]
