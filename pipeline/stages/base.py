@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
@@ -33,6 +36,31 @@ class Placement:
 # Backend names recorded in every row: how a stage's result was computed.
 GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp32 on the CPU
 CPU_FP32 = "cpu-fp32"
+
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max ..."
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """Cores this process may really use: its CPU affinity, capped by a cgroup v2 CPU quota.
+
+    ``os.cpu_count()`` counts the host's cores; in a container with a CPU limit (a
+    Kubernetes pod with 4 CPUs on a 64-core node) sizing thread pools by it would start
+    16x too many threads.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cores = cores or os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    try:
+        limit = math.ceil(int(quota) / int(period))
+    except (ValueError, ZeroDivisionError):
+        return cores
+    return max(1, min(cores, limit))
 
 
 def cuda_available() -> bool:

@@ -7,7 +7,6 @@ micro-batches under a padded-token budget, so padding stays small.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,7 +16,7 @@ import pyarrow as pa
 from pipeline.config import EmbedConfig
 from pipeline.errors import ModelError
 from pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
-from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage
+from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage, usable_cores
 from pipeline.versions import fingerprint
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -99,7 +98,7 @@ class Embedder(Stage):
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
 
-        threads = self.cfg.torch_threads or max(1, (os.cpu_count() or 1) // self.replicas)
+        threads = self.cfg.torch_threads or max(1, usable_cores() // self.replicas)
         torch.set_num_threads(threads)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))

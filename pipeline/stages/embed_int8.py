@@ -7,7 +7,6 @@ truncation that keeps [CLS] … [SEP], mean pooling and L2 normalisation; no tor
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,7 +15,7 @@ import numpy as np
 from pipeline.config import EmbedConfig
 from pipeline.errors import ModelError
 from pipeline.quantize import INT8_MODEL_FILE, RECIPE_FILE
-from pipeline.stages.base import Placement
+from pipeline.stages.base import Placement, usable_cores
 from pipeline.stages.embed import Embedder, pack_by_length
 from pipeline.versions import fingerprint
 
@@ -103,7 +102,7 @@ class Int8Embedder(Embedder):
         self.frontend = Frontend(self.dir, self.cfg)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = (
-            self.threads or self.cfg.torch_threads or max(1, (os.cpu_count() or 1) // self.replicas)
+            self.threads or self.cfg.torch_threads or max(1, usable_cores() // self.replicas)
         )
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

@@ -208,3 +208,20 @@ def test_run_real_stages_on_a_batch_without_sentences(
     assert batch.errors.num_rows == 0, batch.errors.to_pylist()
     assert batch.table.num_rows == 0
     assert {EMBEDDING, N_TOKENS, TRUNCATED, LABEL, SCORE, PROBS} <= set(batch.table.column_names)
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "limit"),
+    [("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)],
+)
+def test_usable_cores_honours_a_cgroup_cpu_quota(tmp_path, cpu_max: str, limit: int | None) -> None:
+    """Thread pools are sized by the container's CPU limit, not the host's core count."""
+    import os
+
+    from pipeline.stages.base import usable_cores
+
+    cores = len(os.sched_getaffinity(0))
+    f = tmp_path / "cpu.max"
+    f.write_text(cpu_max)
+    assert usable_cores(f) == (cores if limit is None else min(cores, limit))
+    assert usable_cores(tmp_path / "absent") == cores  # cgroup v1 or no cgroup: affinity
