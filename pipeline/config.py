@@ -141,8 +141,9 @@ class EmbedConfig(_Strict):
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)
     max_microbatch: int = Field(DEFAULT_MAX_MICROBATCH, ge=1)
     torch_threads: int = Field(DEFAULT_TORCH_THREADS, ge=0)
-    # CPU replicas' precision: auto = int8 where they are a spill pool (the stage also has
-    # GPU replicas), fp32 otherwise; int8 needs the artefact of `docintel quantize`.
+    # Precision of the CPU replicas of embed AND classify (the two model stages): auto =
+    # int8 where they are a spill pool (the stage also has GPU replicas), fp32 otherwise;
+    # int8 needs the artefacts of `docintel quantize` (encoder + classifier).
     cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
     int8_dir: str = ""  # "" = models/int8/<encoder version>/ in this repository
 

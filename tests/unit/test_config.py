@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ def test_example_file_loads_and_matches_the_defaults():
     # the example documents "every key, with its default"
     assert cfg == Config()
     assert load_config(None) == Config()
+    written = tomllib.loads(EXAMPLE.read_text())
+
+    def keys(tree: dict, prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for k, v in tree.items():
+            out |= keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+        return out
+
+    missing = keys(Config().model_dump()) - keys(written)
+    assert not missing, f"docintel.example.toml does not show these keys: {sorted(missing)}"
 
 
 def test_defaults():
