@@ -684,7 +684,8 @@ def _backend_section(r: dict[str, Any]) -> str:
     if r["resumed_batches"]:
         body += (
             f'<p class="note">{r["resumed_batches"]} batches were committed by an earlier '
-            "invocation of this run (resumed) and are not counted here.</p>"
+            "invocation of this run (resumed); they are counted from their committed "
+            "rows.</p>"
         )
     return _section("backends", "GPU vs CPU-int8 share per stage", body)
 

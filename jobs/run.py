@@ -19,15 +19,17 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from pipeline.config import ERROR_FRACTION_MIN_DOCS, Config
 from pipeline.errors import ModelError, RunFailed, UsageError
 from pipeline.quantize import INT8_MODEL_FILE, classifier_int8_path
-from pipeline.schema import DOC_ID, N_TOKENS, TEXT
+from pipeline.schema import DOC_ID, N_TOKENS, STAGES, TEXT
 from pipeline.sink import (
     TABLES,
     BatchStats,
     atomic_write,
+    part_path,
     read_manifest,
     resolve_output,
     write_manifest,
@@ -240,6 +242,26 @@ def _final_counts(fs: pafs.FileSystem, root: str) -> dict[str, int]:
     }
 
 
+def _resumed_backends(
+    fs: pafs.FileSystem, root: str, batch_ids: set[str]
+) -> dict[str, Counter[str]]:
+    """Backends that served the batches an earlier invocation of this run committed.
+
+    Read back from their sentences parts (one replica per stage serves a whole batch, so
+    the first row tells), so the manifest counts every batch of a resumed run, not only
+    this invocation's. A batch without sentences (only empty or failed documents) has
+    nothing to tell and is not counted.
+    """
+    columns = [f"{stage}_backend" for stage in STAGES]
+    served: dict[str, Counter[str]] = {}
+    for batch_id in sorted(batch_ids):
+        t = pq.read_table(part_path(root, "sentences", batch_id), columns=columns, filesystem=fs)
+        if t.num_rows:
+            for stage in STAGES:
+                served.setdefault(stage, Counter())[t[f"{stage}_backend"][0].as_py()] += 1
+    return served
+
+
 @dataclass
 class ErrorBudget:
     """Fails the run when more than ``max_fraction`` of the documents end as errors."""
@@ -389,6 +411,8 @@ def execute(
     summary.tokens = counts["tokens"]
     summary.wall_seconds = time.perf_counter() - t0
     summary.stage_seconds = dict(stage_seconds)
+    for stage, counts in _resumed_backends(fs, root, skip).items():
+        served.setdefault(stage, Counter()).update(counts)
     summary.backends = {s: dict(c) for s, c in served.items()}
     committed = skip | {s.batch_id for s in stats}
     write_manifest(

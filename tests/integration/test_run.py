@@ -130,6 +130,9 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
         execute(run_config(**{"run.embeddings": False}), str(inp), str(out))
     resumed = execute(cfg, str(inp), str(out))
     assert resumed.batches == 2 and resumed.skipped_batches == 4
+    # every batch of the run is counted per backend, the resumed ones from their rows
+    for stage in ("sentencize", "embed", "classify"):
+        assert sum(resumed.backends[stage].values()) == 6, resumed.backends
     after = assert_exactly_once(out, ids)
     key = ["doc_id", "sent_index"]
     assert (

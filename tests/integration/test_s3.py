@@ -252,6 +252,12 @@ def test_resume_on_s3_redoes_only_the_lost_batch(
     )
     manifest = json.loads(manifest_text)
     assert manifest["resumed_batches"] == 2 and len(manifest["committed_batches"]) == 3
+    # the two resumed batches' backends are read back from their parts on S3
+    assert {s: sum(c.values()) for s, c in manifest["backends"].items()} == {
+        "sentencize": 3,
+        "embed": 3,
+        "classify": 3,
+    }
     assert execute(cfg, inp, out).already_complete
 
 
