@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ray
 
-from actors.resources import actor_options, check_layout, stage_resources
-from actors.stages import ACTOR_CLASSES, build_stage
-from pipeline.config import Config
-from pipeline.dispatch import Dispatcher, Replica
-from pipeline.errors import DocintelError, RunFailed
+from docintel.actors.resources import actor_options, check_layout
+from docintel.actors.stages import ACTOR_CLASSES
+from docintel.pipeline.config import Config
+from docintel.pipeline.dispatch import Dispatcher, Replica
+from docintel.pipeline.errors import DocintelError, RunFailed
+from docintel.pipeline.layout import GPU_POOL, build_stage, stage_layout
 
 # Environment of every worker: quiet frameworks, no hub access, no tokenizer fork warnings.
 WORKER_ENV = {
@@ -26,11 +29,67 @@ WORKER_ENV = {
 }
 
 
+# The embedded Ray is for this machine only. Ray binds its services (GCS, raylet, workers,
+# agents) to the node's IP; this switch, which Ray reads when it picks that IP, makes it
+# the loopback address (Ray's own setting for single-machine use on macOS and Windows).
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # token: every Ray API and internal call needs the token
+TOKEN_ENVS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # a token the user chose wins
+TOKEN_BYTES = 32  # as `ray get-auth-token --generate` makes it: 64 hex characters
+
+
+def _private_token_file() -> None:
+    """Ray's default token file (~/.ray/auth_token), readable by its owner only.
+
+    Ray writes it with the process umask (usually 0644) when it is missing; we create it
+    first with mode 0600, and tighten an existing one we own.
+    """
+    if any(os.environ.get(name) for name in TOKEN_ENVS):
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(TOKEN_BYTES))
+
+
+@contextlib.contextmanager
+def _local_only() -> Iterator[None]:
+    """Loopback binding and token auth for the embedded instance, undone afterwards (the
+    same process may later join a real cluster, which needs the node's own IP)."""
+    from ray._private import ray_constants  # Ray caches the switch when first imported
+
+    saved_env = {k: os.environ.get(k) for k in (LOOPBACK_ENV, AUTH_MODE_ENV)}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV] = "0"  # the raylet, GCS and workers inherit it
+    # Unset, a new local Ray turns token auth on itself (Ray >= 2.59) and refreshes the
+    # setting it cached at import; an inherited RAY_AUTH_MODE=disabled must not opt out.
+    os.environ.pop(AUTH_MODE_ENV, None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    _private_token_file()
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @contextlib.contextmanager
 def ray_session(cfg: Config) -> Iterator[None]:
     """An embedded local Ray (default) or a connection to ``run.ray_address``.
 
-    If Ray is already initialised in this process (tests, notebooks), it is used as is.
+    The embedded Ray listens on 127.0.0.1 only, with token authentication on and the
+    token file private to its owner. If Ray is already initialised in this process (tests,
+    notebooks), it is used as is.
     """
     if ray.is_initialized():
         yield
@@ -40,7 +99,8 @@ def ray_session(cfg: Config) -> Iterator[None]:
         "logging_level": "WARNING",
         "log_to_driver": True,
     }
-    if cfg.run.ray_address:
+    local = not cfg.run.ray_address
+    if not local:
         kwargs["address"] = cfg.run.ray_address
     else:
         kwargs.update(
@@ -51,15 +111,16 @@ def ray_session(cfg: Config) -> Iterator[None]:
         )
         if cfg.run.object_store_mb:
             kwargs["object_store_memory"] = cfg.run.object_store_mb * 1024 * 1024
-    ray.init(**kwargs)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    with _local_only() if local else contextlib.nullcontext():
+        ray.init(**kwargs)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def actor_name(run_id: str, replica_key: str) -> str:
-    """``docintel:<run id>:<stage>/<backend>/<index>``, unique per run on a cluster."""
+    """``docintel:<run id>:<stage>/<pool>/<index>``, unique per run on a cluster."""
     return f"docintel:{run_id}:{replica_key}"
 
 
@@ -77,16 +138,15 @@ def stage_pools(
     check_layout(cfg, cluster.get("CPU", 0.0), cluster.get("GPU", 0.0))
     actors: dict[str, Any] = {}
     pools: dict[str, list[Replica]] = {}
-    for stage, stage_pools_ in stage_resources(cfg).items():
+    for stage, layout in stage_layout(cfg).items():
         cls = ray.remote(ACTOR_CLASSES[stage])
         pools[stage] = []
-        for res in stage_pools_:
-            delay = cfg.faults.gpu_delay_s if res.kind == "gpu" else 0.0
-            for i in range(res.replicas):
-                rep = Replica(stage, i, res.kind, res.max_in_flight)
-                opts = actor_options(res, actor_name(run_id, rep.key))
-                stage_obj = build_stage(stage, cfg, res.kind, res.gpu_fraction)
-                actors[rep.key] = cls.options(**opts).remote(stage_obj, delay)
+        for pool in layout:
+            delay = cfg.faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
+            for i in range(pool.replicas):
+                rep = Replica(stage, i, pool.kind, pool.max_in_flight)
+                opts = actor_options(pool, actor_name(run_id, rep.key))
+                actors[rep.key] = cls.options(**opts).remote(build_stage(cfg, pool), delay)
                 pools[stage].append(rep)
     keys = list(actors)
     try:

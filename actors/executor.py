@@ -22,11 +22,11 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from actors.resources import task_options
-from pipeline.dispatch import Dispatcher, Replica
-from pipeline.errors import RunFailed
-from pipeline.sink import BatchStats, write_batch
-from pipeline.source import WorkUnit, read_unit
+from docintel.actors.resources import task_options
+from docintel.pipeline.dispatch import Dispatcher, Replica
+from docintel.pipeline.errors import RunFailed
+from docintel.pipeline.sink import BatchStats, write_batch
+from docintel.pipeline.source import WorkUnit, read_unit
 
 STAGE_ORDER = ("sentencize", "embed", "classify")
 READ = "read"
@@ -106,18 +106,16 @@ class Executor:
             s: deque() for s in (*STAGE_ORDER, WRITE)
         }
         pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = {}
-        unit_iter = iter(units)
+        todo = (u for u in units if not all(b in skip for b in u.batch_ids))
+        unit = next(todo, None)
         admitted = 0
         done: list[BatchStats] = []
-        exhausted = False
         while True:
-            while not exhausted and admitted < self.max_batches:
-                unit = next(unit_iter, None)
-                if unit is None:
-                    exhausted = True
-                    break
-                if all(b in skip for b in unit.batch_ids):
-                    continue
+            # Admission counts batches: a unit goes in when its batches fit under the cap
+            # (or, bigger than the cap, when nothing else is in flight).
+            while unit is not None and (
+                admitted == 0 or admitted + len(unit.batch_ids) <= self.max_batches
+            ):
                 for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
                     if batch_id in skip:
                         continue
@@ -125,6 +123,7 @@ class Executor:
                     # the dispatcher times replica calls, not reads
                     pending[ref] = (_Flight(batch_id, ref), READ, None)
                     admitted += 1
+                unit = next(todo, None)
             self._dispatch(queues, pending, time.monotonic())
             if not pending:
                 break

@@ -101,7 +101,7 @@ def load_models() -> LoopModels:
     import spacy
     from transformers import AutoModel, AutoTokenizer
 
-    from pipeline.config import EmbedConfig
+    from docintel.pipeline.config import EmbedConfig
 
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")

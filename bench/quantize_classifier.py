@@ -6,7 +6,7 @@ on a 1,024-row batch on CPU, fp32 vs int8; resident memory of a process holding 
 
 Candidates (each built into ``--workdir`` from ``models/finsent``, offline):
 
-* ``keras-fp32``   the reference: ``pipeline.stages.classify.Classifier`` itself (TF).
+* ``keras-fp32``   the reference: ``docintel.pipeline.stages.classify.Classifier`` itself (TF).
 * ``keras-int8``   Keras 3 ``model.quantize("int8")``, saved as .keras and reloaded with
                    ``keras.saving.load_model``, run by the same Classifier class.
 * ``tflite-dr``    TFLiteConverter with ``Optimize.DEFAULT`` (dynamic-range int8),
@@ -22,7 +22,7 @@ Candidates (each built into ``--workdir`` from ``models/finsent``, offline):
 
 Every candidate runs as a classify Stage (``__call__`` on an Arrow table with an
 ``embedding`` column), single-threaded as the pipeline's classify replicas
-(``CLASSIFY_TF_THREADS``). Speed: ``--rounds`` alternating rounds, each timing
+(``CLASSIFY_THREADS``). Speed: ``--rounds`` alternating rounds, each timing
 ``--calls`` calls per candidate on the same 1,024-row batch of real sent_valid.csv
 embeddings (rotated order); reported are the median rows/s and the median per-round
 ratio to keras-fp32. Quality on all of sent_valid.csv: labels agreeing with keras-fp32
@@ -59,20 +59,22 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from actors.stages import CLASSIFY_TF_THREADS  # noqa: E402 (after the sys.path fix above)
-from pipeline.config import ClassifyConfig, EmbedConfig  # noqa: E402
-from pipeline.quantize import (  # noqa: E402 - the shipped recipe, measured here
+from docintel.pipeline.artefacts import (  # noqa: E402
+    CLASSIFIER_MODEL_FILE,
+    LABELS_FILE,
+    TRAINING_FILE,
+)
+from docintel.pipeline.config import ClassifyConfig, EmbedConfig  # noqa: E402
+from docintel.pipeline.layout import CLASSIFY_THREADS  # noqa: E402 (after the sys.path fix above)
+from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped recipe, measured here
     build_int8,
     build_int8_classifier,
     classifier_int8_path,
     keras_head_to_onnx,
     quantize_classifier_onnx,
 )
-from pipeline.schema import EMBEDDING  # noqa: E402
-from pipeline.stages.classify import (  # noqa: E402
-    LABELS_FILE,
-    MODEL_FILE,
-    TRAINING_FILE,
+from docintel.pipeline.schema import EMBEDDING  # noqa: E402
+from docintel.pipeline.stages.classify import (  # noqa: E402
     Classifier,
     Int8Classifier,
     load_keras,
@@ -85,7 +87,7 @@ BATCH_ROWS = 1024  # the pipeline's classify batch ([classify] batch_size defaul
 DEFAULT_ROUNDS = 7
 DEFAULT_CALLS = 20  # calls per candidate per round (~1 s for the slowest)
 AGREE_BAR, F1_DROP_BAR = 0.97, 0.005
-THREADS = CLASSIFY_TF_THREADS
+THREADS = CLASSIFY_THREADS
 
 
 # --------------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ class TFLiteClassifier(Classifier):
         self.litert = litert
 
     def setup(self) -> None:
-        from pipeline.stages.classify import read_classifier_meta
+        from docintel.pipeline.stages.classify import read_classifier_meta
 
         self.labels, _ = read_classifier_meta(self.cfg.resolved_model_dir())
         if self.litert:
@@ -155,13 +157,13 @@ def candidates(work: Path) -> list[Candidate]:
         Candidate(
             "keras-fp32",
             "Classifier (Keras fp32 on TF), the reference",
-            finsent / MODEL_FILE,
+            finsent / CLASSIFIER_MODEL_FILE,
             lambda: Classifier(ClassifyConfig(), threads=THREADS),
         ),
         Candidate(
             "keras-int8",
             'Keras model.quantize("int8"), saved + load_model',
-            keras8 / MODEL_FILE,
+            keras8 / CLASSIFIER_MODEL_FILE,
             lambda: Classifier(ClassifyConfig(model_dir=str(keras8)), threads=THREADS),
         ),
         Candidate(
@@ -206,24 +208,26 @@ def build_all(work: Path) -> None:
     """Every artefact the candidates need, into ``work`` (skips files that exist)."""
     finsent = ClassifyConfig().resolved_model_dir()
     keras8 = work / "keras-int8"
-    if not (keras8 / MODEL_FILE).is_file():
-        model = load_keras(finsent / MODEL_FILE)
+    if not (keras8 / CLASSIFIER_MODEL_FILE).is_file():
+        model = load_keras(finsent / CLASSIFIER_MODEL_FILE)
         model.quantize("int8")  # Dense layers; Input/Dropout/Average warn and stay as they are
         keras8.mkdir(parents=True, exist_ok=True)
-        model.save(keras8 / MODEL_FILE)
+        model.save(keras8 / CLASSIFIER_MODEL_FILE)
         for name in (LABELS_FILE, TRAINING_FILE):
             shutil.copy2(finsent / name, keras8 / name)
     if not (work / "head.dr.tflite").is_file():
         import tensorflow as tf
 
-        conv = tf.lite.TFLiteConverter.from_keras_model(load_keras(finsent / MODEL_FILE))
+        conv = tf.lite.TFLiteConverter.from_keras_model(load_keras(finsent / CLASSIFIER_MODEL_FILE))
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         (work / "head.dr.tflite").write_bytes(conv.convert())
     raw = work / "head.fp32.onnx"
     if not raw.is_file():
         import onnx
 
-        onnx.save(keras_head_to_onnx(load_keras(finsent / MODEL_FILE), finsent), str(raw))
+        onnx.save(
+            keras_head_to_onnx(load_keras(finsent / CLASSIFIER_MODEL_FILE), finsent), str(raw)
+        )
     if not (work / "head.int8.pt.onnx").is_file():
         quantize_classifier_onnx(raw, work / "head.int8.pt.onnx", per_channel=False)
     if not classifier_int8_path(work, finsent).is_file():
@@ -262,8 +266,8 @@ def embeddings(work: Path) -> tuple[np.ndarray, np.ndarray]:
     """sent_valid.csv through the fp32 Embedder and the int8 encoder (cached in ``work``)."""
     f32, i8 = work / "valid.fp32.npy", work / "valid.int8.npy"
     if not (f32.is_file() and i8.is_file()):
-        from pipeline.stages.embed import Embedder
-        from pipeline.stages.embed_int8 import Int8Embedder
+        from docintel.pipeline.stages.embed import Embedder
+        from docintel.pipeline.stages.embed_int8 import Int8Embedder
 
         texts, _ = read_valid()
         enc_dir = work / "encoder"
@@ -325,7 +329,7 @@ def rss_in_subprocess(name: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def macro_f1(y: np.ndarray, pred: np.ndarray) -> float:
-    from pipeline.train import metrics
+    from docintel.pipeline.offline.train import metrics
 
     return float(metrics(y, pred, LABEL_NAMES)["macro_f1"])
 

@@ -8,7 +8,7 @@ is reported for both.
 
 Candidates (each built into ``--workdir`` from the installed MiniLM folder, offline):
 
-* ``torch-fp32``           the reference: ``pipeline.stages.embed.Embedder`` itself.
+* ``torch-fp32``           the reference: ``docintel.pipeline.stages.embed.Embedder`` itself.
 * ``ort-fp32``             ONNX export, ORT transformer fusions; speed reference only.
 * ``ort-int8``             ONNX export (unfused), dynamic int8, per-channel weights.
 * ``ort-int8-keep``        as ort-int8, FFN output MatMuls (1536->384) left fp32.
@@ -59,15 +59,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from pipeline.config import EmbedConfig  # noqa: E402 (after the sys.path fix above)
-from pipeline.quantize import (  # noqa: E402 - the shipped recipe, measured here
+from docintel.pipeline.config import EmbedConfig  # noqa: E402 (after the sys.path fix above)
+from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped recipe, measured here
     INT8_MODEL_FILE,
     TOKENIZER_FILES,
     build_int8,
     export_onnx,
     ffn_output_matmuls,
 )
-from pipeline.stages.embed_int8 import Frontend, Int8Embedder  # noqa: E402
+from docintel.pipeline.stages.embed_int8 import Frontend, Int8Embedder  # noqa: E402
 
 DATA = REPO / "data" / "twitter_fin_sentiment"
 LABEL_NAMES = ["Bearish", "Bullish", "Neutral"]  # sent_*.csv labels 0, 1, 2
@@ -132,7 +132,7 @@ class TorchInt8Embedder:
     """torch.ao dynamic per-channel int8 with selected Linear layers kept fp32."""
 
     def __init__(self, cfg: EmbedConfig, keep_fp32: Callable[[str], bool]) -> None:
-        from pipeline.stages.embed import Embedder
+        from docintel.pipeline.stages.embed import Embedder
 
         self.inner = Embedder(cfg)
         self.keep_fp32 = keep_fp32
@@ -290,7 +290,7 @@ def build_static(raw: Path, work: Path, calib: list[str]) -> None:
 
 
 def candidates(work: Path) -> list[Candidate]:
-    from pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.embed import Embedder
 
     def ort(file: str) -> Callable[[], Any]:
         return lambda: Int8Embedder(fp32_cfg(), work, threads=THREADS, model_file=file)
@@ -417,8 +417,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def predict_f1(classifier: Any, emb: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Predicted label indices and macro-F1 (pipeline.train.metrics)."""
-    from pipeline.train import metrics
+    """Predicted label indices and macro-F1 (docintel.pipeline.offline.train.metrics)."""
+    from docintel.pipeline.offline.train import metrics
 
     pred = classifier.predict(emb).argmax(1)
     return pred, float(metrics(y, pred, LABEL_NAMES)["macro_f1"])
@@ -480,8 +480,8 @@ def run(args: argparse.Namespace) -> list[Result]:
         )
     encs.clear()
 
-    from pipeline.config import ClassifyConfig
-    from pipeline.stages.classify import Classifier
+    from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.stages.classify import Classifier
 
     clf = Classifier(ClassifyConfig(), threads=THREADS)
     clf.setup()

@@ -8,7 +8,7 @@ route (almost) nothing to the CPU pool. Throughput is documents per second of
 processing (the manifest's ``processing_seconds``: after Ray start and model loads).
 
 Besides throughput it reports, per run and replica, what explains it: calls, the busy
-and queue seconds the dispatcher measured (``actors.executor``'s end-of-run log record),
+and queue seconds the dispatcher measured (``docintel.actors.executor``'s end-of-run log record),
 its service-time estimate, and the CPU seconds the replica's process used (psutil), plus
 how busy the machine's cores were (other processes included: a shared machine is noisy).
 Without CUDA a GPU replica is ``gpu-sim``: it sleeps, then runs the fp32 model on the
@@ -38,10 +38,11 @@ import ray
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from actors.cluster import WORKER_ENV, actor_name  # noqa: E402 - after the sys.path line
 from bench.common import load_average, machine_lines  # noqa: E402
-from jobs.run import RunSummary, execute  # noqa: E402
-from pipeline.config import Config, load_config  # noqa: E402
+from docintel.actors.cluster import WORKER_ENV, actor_name  # noqa: E402 - after the sys.path line
+from docintel.actors.runner import execute  # noqa: E402
+from docintel.pipeline.config import Config, load_config  # noqa: E402
+from docintel.pipeline.output import RunSummary  # noqa: E402
 
 DEMO = REPO / "data" / "demo" / "documents.parquet"
 BATCH = 8  # documents per batch: many batches, so routing decisions dominate
@@ -134,7 +135,7 @@ def measure(name: str, cfg: Config, inp: Path, out: Path) -> Run:
                 continue
         marks["t1"], marks["cpu1"] = time.perf_counter(), psutil.cpu_times()
 
-    log = logging.getLogger("actors.executor")
+    log = logging.getLogger("docintel.actors.executor")
     handler = _DispatchLog()
     log.addHandler(handler)
     log.setLevel(logging.INFO)

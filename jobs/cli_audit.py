@@ -1,4 +1,5 @@
-"""`docintel audit`: the nightly audit command (registered on jobs.cli.app)."""
+"""`docintel audit`: the nightly audit command (options, help and printing; the audit itself
+is docintel.pipeline.audit.run_audit, run through docintel.actors.runner.execute)."""
 
 from __future__ import annotations
 
@@ -8,36 +9,40 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from jobs.cli import EXIT_PARTIAL, ConfigOpt, _fail, _run_with_progress, app, console, out
-from pipeline.config import load_config
-from pipeline.errors import DocintelError
+from docintel.jobs.ui import ConfigOpt, console, fail, out, run_with_progress, warn_partial
+from docintel.pipeline.config import load_config
+from docintel.pipeline.errors import DocintelError
+
+SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Documents to audit: Parquet file, folder, glob or s3://prefix, re-read "
+        "each night (default: \\[audit] source)."
+    ),
+]
+AuditOutputOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Audit root, a folder or s3://prefix: gets run_date=YYYY-MM-DD/ partitions "
+        "with report.json/report.html, and _audit/ state (default: \\[audit] output)."
+    ),
+]
+DateOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Night to audit, YYYY-MM-DD (default: today). A date already audited is a "
+        "no-op; an interrupted one is resumed."
+    ),
+]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
 
 
-@app.command()
 def audit(
-    source: Annotated[
-        str | None,
-        typer.Option(
-            help="Documents to audit: Parquet file, folder, glob or s3://prefix, re-read "
-            "each night (default: \\[audit] source)."
-        ),
-    ] = None,
-    output: Annotated[
-        str | None,
-        typer.Option(
-            help="Audit root, a folder or s3://prefix: gets run_date=YYYY-MM-DD/ partitions "
-            "with report.json/report.html, and _audit/ state (default: \\[audit] output)."
-        ),
-    ] = None,
+    source: SourceOpt = None,
+    output: AuditOutputOpt = None,
     config: ConfigOpt = None,
-    date: Annotated[
-        str | None,
-        typer.Option(
-            help="Night to audit, YYYY-MM-DD (default: today). A date already audited is a "
-            "no-op; an interrupted one is resumed."
-        ),
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a live progress bar.")] = True,
+    date: DateOpt = None,
+    progress: ProgressOpt = True,
 ) -> None:
     """Process only the documents that are new or changed since the last audit.
 
@@ -55,36 +60,39 @@ def audit(
 
       docintel audit --config nightly.toml      # source, output from the config
     """
-    from jobs.audit import run_audit
+    from docintel.actors.runner import execute
+    from docintel.pipeline.audit import run_audit
 
-    def execute(cfg: Any, src: Any, dst: Any, on_start: Any = None, on_batch: Any = None) -> Any:
-        return run_audit(cfg, src, dst, date, on_start=on_start, on_batch=on_batch)
+    def audit_run(cfg: Any, src: Any, dst: Any, on_start: Any, on_batch: Any) -> Any:
+        return run_audit(cfg, src, dst, date, execute, on_start=on_start, on_batch=on_batch)
 
     try:
         cfg = load_config(config, {"run.show_progress": None if progress else False})
-        summary = _run_with_progress(execute, cfg, source, output)
+        summary = run_with_progress(audit_run, cfg, source, output)
     except DocintelError as e:
-        _fail(e)
-        return
+        fail(e)
     print_audit_summary(summary)
     if summary.partial:
-        console.print(
-            f"[bold yellow]docintel: partial audit:[/] {len(summary.skipped_files)} source "
-            "file(s) were unreadable and skipped (listed above); they are read again next "
-            "time; exit code 3",
-            highlight=False,
+        warn_partial(
+            "audit",
+            len(summary.skipped_files),
+            "source file(s) were unreadable and skipped (listed above); they are read "
+            "again next time",
         )
-        raise typer.Exit(EXIT_PARTIAL)
 
 
-def print_audit_summary(s: Any) -> None:
-    """The audit as a table: what changed, what ran, where the report is."""
+def _notes(s: Any) -> None:
     for note in s.notes:
         console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     for w in s.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     for f in s.skipped_files:
         console.print(f"[yellow]skipped:[/] {escape(f['reason'])}", highlight=False)
+
+
+def print_audit_summary(s: Any) -> None:
+    """The audit as a table: what changed, what ran, where the report is."""
+    _notes(s)
     if s.already_complete:
         out.print(
             f"the audit of {s.date} in {escape(s.output)} is already complete: nothing to "
@@ -96,10 +104,8 @@ def print_audit_summary(s: Any) -> None:
     t = Table(title=f"docintel audit {s.date}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", justify="right")
-    t.add_row("new documents", f"{s.new:,}")
-    t.add_row("changed documents", f"{s.changed:,}")
-    t.add_row("removed documents", f"{s.removed:,}")
-    t.add_row("unchanged documents", f"{s.unchanged:,}")
+    for what in ("new", "changed", "removed", "unchanged"):
+        t.add_row(f"{what} documents", f"{getattr(s, what):,}")
     if s.models_changed:
         t.add_row("reprocessed (models changed)", f"{s.reprocessed:,}")
     t.add_row("documents processed", f"{s.documents:,}")

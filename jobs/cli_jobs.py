@@ -1,11 +1,11 @@
-"""`docintel submit`, `status` and `logs`: Ray Jobs API commands (registered on jobs.cli.app).
+"""`docintel submit`, `status` and `logs`: Ray Jobs API commands.
 
-The logic (staging, the Jobs SDK, exit-code mapping) is in jobs/submit.py; this module is
-options, help and printing. Ray is imported inside the commands, so `docintel --help`
-stays fast. Exit codes: 0 the job succeeded (or, for `status`, is still pending or
-running); a failed job's own exit code when Ray reports it (1 run failed, 2 usage error
-on the cluster, 3 partial), else 1; 1 a stopped job; 2 bad usage here (config, address,
-unknown job id), reported before anything is submitted.
+The logic (staging, the Jobs SDK, mapping a job's state to an exit code) is in
+docintel.jobs.submit; this module is options, help and printing. Ray is imported inside
+the commands, so `docintel --help` stays fast. Exit codes: 0 the job succeeded (or, for
+`status`, is still pending or running); a failed job's own exit code when Ray reports it
+(1 run failed, 2 usage error on the cluster, 3 partial), else 1; 1 a stopped job; 2 bad
+usage here (config, address, unknown job id), reported before anything is submitted.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from jobs.cli import ConfigOpt, _fail, app, console, out
-from pipeline.errors import DocintelError
+from docintel.jobs.ui import ConfigOpt, console, fail, out
+from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.exitcodes import ExitCode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ray.job_submission import JobDetails, JobSubmissionClient
 
-EXIT_INTERRUPTED = 130  # Ctrl-C while following: the job itself keeps running
+    from docintel.jobs.submit import JobRequest, StagedDir
 
 AddressOpt = Annotated[
     str | None,
@@ -42,56 +45,66 @@ JobIdArg = Annotated[
 ]
 
 
+JobInputOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Parquet file, folder, glob or s3:// prefix, read ON THE CLUSTER "
+        "(default: the config's \\[job] input). Use s3:// or a path every node sees."
+    ),
+]
+JobOutputOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Output folder or s3:// prefix, written ON THE CLUSTER (default: the "
+        "config's \\[job] output)."
+    ),
+]
+JobRunIdOpt = Annotated[
+    str | None,
+    typer.Option(help="Run id; resubmit with the same id to resume an interrupted run."),
+]
+WaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wait/--no-wait",
+        help="Follow the job's logs and exit with its outcome, or print the job id "
+        "and return at once (then: docintel status / logs).",
+    ),
+]
+WorkingDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--working-dir",
+        help="Ship this project source folder with the job (without .venv, .git, "
+        "outputs, caches), its code laid out as the docintel.* namespace, for clusters "
+        "whose nodes have the dependencies but not this code. Default: ship only the "
+        "config; the cluster's image has docintel installed (infra/).",
+        exists=True,
+        file_okay=False,
+    ),
+]
+FollowOpt = Annotated[
+    bool,
+    typer.Option("--follow", "-f", help="Keep streaming new output until the job ends."),
+]
+
+
 def _write(chunk: str) -> None:
     """Job log text goes to stdout as is (no Rich markup parsing of user data)."""
     sys.stdout.write(chunk)
     sys.stdout.flush()
 
 
-@app.command()
 def submit(
     config: ConfigOpt = None,
     address: AddressOpt = None,
-    input: Annotated[
-        str | None,
-        typer.Option(
-            help="Parquet file, folder, glob or s3:// prefix, read ON THE CLUSTER "
-            "(default: the config's \\[job] input). Use s3:// or a path every node sees."
-        ),
-    ] = None,
-    output: Annotated[
-        str | None,
-        typer.Option(
-            help="Output folder or s3:// prefix, written ON THE CLUSTER (default: the "
-            "config's \\[job] output)."
-        ),
-    ] = None,
-    run_id: Annotated[
-        str | None,
-        typer.Option(help="Run id; resubmit with the same id to resume an interrupted run."),
-    ] = None,
-    wait: Annotated[
-        bool,
-        typer.Option(
-            "--wait/--no-wait",
-            help="Follow the job's logs and exit with its outcome, or print the job id "
-            "and return at once (then: docintel status / logs).",
-        ),
-    ] = True,
-    working_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--working-dir",
-            help="Ship this project source folder with the job (without .venv, .git, "
-            "outputs, models/int8, caches), for clusters whose nodes have the "
-            "dependencies but not this code. Default: ship only the config; the "
-            "cluster's image has docintel installed (infra/).",
-            exists=True,
-            file_okay=False,
-        ),
-    ] = None,
+    input: JobInputOpt = None,
+    output: JobOutputOpt = None,
+    run_id: JobRunIdOpt = None,
+    wait: WaitOpt = True,
+    working_dir: WorkingDirOpt = None,
 ) -> None:
-    """Run the pipeline on a Ray cluster as a Ray job (`python -m jobs.batch`).
+    """Run the pipeline on a Ray cluster as a Ray job (`python -m docintel.jobs.batch`).
 
     The config is checked here first (bad config: exit 2, nothing submitted), then sent
     as job.toml in the job's working directory. The job runs the same run function as
@@ -109,17 +122,16 @@ def submit(
 
       docintel submit -c job.toml --working-dir . --input s3://corpus/2026/
     """
-    from jobs import submit as jobs
+    from docintel.jobs import submit as jobs
 
     try:
         req = jobs.check_request(config, input, output, run_id, working_dir)
         addr = jobs.resolve_address(address)
         client = jobs.connect(addr)
         with tempfile.TemporaryDirectory(prefix="docintel-job-") as staging:
-            job_id = jobs.submit(client, req, Path(staging))
+            job_id = jobs.submit(client, req, Path(staging), _say_shipped(req))
     except DocintelError as e:
-        _fail(e)
-        return
+        fail(e)
     out.print(f"submitted job {job_id} to {addr}", highlight=False)
     console.print(f"entrypoint: {req.entrypoint}", highlight=False, markup=False)
     if not wait:
@@ -131,9 +143,19 @@ def submit(
     _follow_to_end(client, job_id)
 
 
+def _say_shipped(req: JobRequest) -> Callable[[StagedDir], None]:
+    def say(staged: StagedDir) -> None:
+        if req.working_dir is not None:
+            console.print(
+                f"shipping {req.working_dir}: {staged.describe()}", highlight=False, markup=False
+            )
+
+    return say
+
+
 def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
     """Stream the logs until the job ends, report how, exit with the job's code."""
-    from jobs import submit as jobs
+    from docintel.jobs import submit as jobs
 
     try:
         problem = jobs.follow_logs(client, job_id, _write)
@@ -145,16 +167,15 @@ def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
             f"\nstopped following; job {job_id} keeps running: docintel status {job_id}",
             highlight=False,
         )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     except DocintelError as e:
-        _fail(e)
-        return
+        fail(e)
     _report_end(info)
     raise typer.Exit(jobs.exit_code(info))
 
 
 def _report_end(info: JobDetails) -> None:
-    from jobs import submit as jobs
+    from docintel.jobs import submit as jobs
 
     job = info.submission_id or info.job_id
     status = str(info.status)
@@ -169,7 +190,6 @@ def _report_end(info: JobDetails) -> None:
     )
 
 
-@app.command()
 def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
     """Show a submitted job's state, entrypoint, start/end times and message.
 
@@ -181,13 +201,12 @@ def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
 
       docintel status raysubmit_4LamXRuQpYdSMg7J --address http://head:8265
     """
-    from jobs import submit as jobs
+    from docintel.jobs import submit as jobs
 
     try:
         info = jobs.job_info(jobs.connect(jobs.resolve_address(address)), job_id)
     except DocintelError as e:
-        _fail(e)
-        return
+        fail(e)
     t = Table(title=f"docintel job {job_id}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
@@ -203,15 +222,7 @@ def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
     raise typer.Exit(jobs.exit_code(info))
 
 
-@app.command()
-def logs(
-    job_id: JobIdArg,
-    address: AddressOpt = None,
-    follow: Annotated[
-        bool,
-        typer.Option("--follow", "-f", help="Keep streaming new output until the job ends."),
-    ] = False,
-) -> None:
+def logs(job_id: JobIdArg, address: AddressOpt = None, follow: FollowOpt = False) -> None:
     """Print a submitted job's log (its entrypoint's stdout and stderr).
 
     An unknown job id is exit 2.
@@ -222,7 +233,7 @@ def logs(
 
       docintel logs raysubmit_4LamXRuQpYdSMg7J --follow
     """
-    from jobs import submit as jobs
+    from docintel.jobs import submit as jobs
 
     try:
         client = jobs.connect(jobs.resolve_address(address))
@@ -232,9 +243,8 @@ def logs(
         jobs.job_info(client, job_id)  # unknown id: a clear exit 2, not a socket error
         problem = jobs.follow_logs(client, job_id, _write)
     except DocintelError as e:
-        _fail(e)
-        return
+        fail(e)
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     if problem:
         console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)

@@ -4,8 +4,8 @@
 so the CLI stays about options and printing while everything that talks to the cluster's
 Jobs API, stages the job's files and maps job states to exit codes lives here.
 
-The job runs ``python -m jobs.batch`` on the cluster (jobs/batch.py), which calls the same
-run function as `docintel run`. By default the job's working directory holds nothing but
+The job runs ``python -m docintel.jobs.batch`` on the cluster (jobs/batch.py), which calls the
+same run function as `docintel run`. By default the job's working directory holds nothing but
 the config (as ``job.toml``): the cluster's image must have docintel installed (see
 infra/Dockerfile.cpu); nothing is pip-installed at run time (DESIGN.md, anti-patterns).
 """
@@ -20,14 +20,18 @@ import shlex
 import shutil
 import socket
 import time
+import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from pipeline.config import Config, load_config
-from pipeline.errors import RunFailed, UsageError
+import pathspec
+
+from docintel.pipeline.config import Config, load_config
+from docintel.pipeline.errors import RunFailed, UsageError
+from docintel.pipeline.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient
@@ -46,27 +50,41 @@ POLL_S = 0.5
 # After the log stream ends the job is terminal within moments; this bounds the wait for
 # the state to be recorded before we keep polling at a slower pace.
 SETTLE_S = 30.0
-# Never part of a --working-dir upload: virtualenvs and VCS data (large, and the cluster
-# has its own), run outputs, the int8 artefact (built per machine with `docintel
-# quantize`) and tool caches. Ray also skips what .gitignore lists.
-WORKING_DIR_EXCLUDES = (
-    ".venv",
-    "venv",
-    ".git",
-    "demo-out",
-    "out",
-    "models/int8",
-    "__pycache__",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".mypy_cache",
-    "*.egg-info",
-    "build",
-    "dist",
+# Never part of a --working-dir upload, whatever the ignore files say: secrets first (the
+# job runs on a shared cluster and Ray keeps the package in the GCS), then virtualenvs and
+# VCS data (large; the cluster has its own), run outputs and tool caches. Patterns are
+# .gitignore syntax.
+WORKING_DIR_DENY = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".aws/",
+    ".ssh/",
+    ".git/",
+    ".venv/",
+    "venv/",
 )
-# Exit codes of a job as `docintel submit` and `docintel status` report it.
-EXIT_OK = 0
-EXIT_FAILED = 1
+WORKING_DIR_EXCLUDES = (
+    "/demo-out/",
+    "/out/",
+    "/models/int8/",
+    "__pycache__/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".mypy_cache/",
+    "*.egg-info/",
+    "/build/",
+    "/dist/",
+)
+# Read from the --working-dir root, in .gitignore syntax, on top of the lists above.
+IGNORE_FILES = (".gitignore", ".rayignore")
+LEFT_OUT_SHOWN = 10  # paths named in `docintel submit`'s "left out" line; the rest counted
 
 
 class ClusterUnreachable(UsageError):
@@ -110,8 +128,9 @@ def _probe(address: str) -> None:
     except OSError as e:
         raise ClusterUnreachable(
             f"cannot reach the Ray dashboard at {address} ({e.strerror or e}); check that "
-            "the head is running with its dashboard on that host and port (`ray start "
-            f"--head --dashboard-host 0.0.0.0`), or pass --address / set RAY_ADDRESS"
+            "the head is running and its dashboard is reachable from here: forward it "
+            "(`kubectl port-forward svc/HEAD-svc 8265`, or `ray dashboard CLUSTER.yaml`) and "
+            "pass --address http://127.0.0.1:8265, or set RAY_ADDRESS"
         ) from e
 
 
@@ -153,7 +172,7 @@ class JobRequest:
     @property
     def entrypoint(self) -> str:
         """The shell command the cluster runs; flags only for what the user passed."""
-        args = ["python", "-m", "jobs.batch", "--config", JOB_CONFIG_NAME]
+        args = ["python", "-m", "docintel.jobs.batch", "--config", JOB_CONFIG_NAME]
         for flag, value in (("--input", self.input), ("--output", self.output)):
             if value:
                 args += [flag, value]
@@ -190,42 +209,109 @@ def check_request(
     return JobRequest(cfg, config_path, input, output, run_id, working_dir)
 
 
-def _ignore(root: Path) -> Callable[[str, list[str]], set[str]]:
-    """shutil.copytree filter for WORKING_DIR_EXCLUDES (names anywhere, or root paths)."""
-    rooted = {p for p in WORKING_DIR_EXCLUDES if "/" in p}
-    names = [p for p in WORKING_DIR_EXCLUDES if "/" not in p]
-
-    def ignore(folder: str, entries: list[str]) -> set[str]:
-        rel = Path(os.path.relpath(folder, root))
-        skip = {e for e in entries if (rel / e).as_posix() in rooted}
-        return skip | {e for e in entries if any(Path(e).match(n) for n in names)}
-
-    return ignore
+def _spec(root: Path) -> pathspec.GitIgnoreSpec:
+    lines = [*WORKING_DIR_DENY, *WORKING_DIR_EXCLUDES]
+    for name in IGNORE_FILES:
+        if (root / name).is_file():
+            lines += (root / name).read_text(encoding="utf-8", errors="replace").splitlines()
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def stage_working_dir(req: JobRequest, dest: Path) -> Path:
+@dataclass
+class StagedDir:
+    """What --working-dir ships: the staged folder, and what went in or was left out."""
+
+    path: Path
+    files: int = 0
+    bytes: int = 0
+    left_out: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        shown = ", ".join(self.left_out[:LEFT_OUT_SHOWN])
+        more = len(self.left_out) - LEFT_OUT_SHOWN
+        extra = f" and {more} more" if more > 0 else ""
+        left = f"; left out: {shown}{extra}" if self.left_out else ""
+        return f"{self.files:,} files, {self.bytes / 1e6:,.1f} MB{left}"
+
+
+def _copy_filtered(root: Path, dest: Path, staged: StagedDir) -> None:
+    """Copy ``root`` to ``dest`` without what the deny list, the excludes or the ignore
+    files match; symlinks are shipped only when they stay inside ``root``."""
+    spec = _spec(root)
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        for d in list(dirs):
+            if spec.match_file(f"{(rel / d).as_posix()}/") or (Path(folder) / d).is_symlink():
+                dirs.remove(d)
+                staged.left_out.append(f"{(rel / d).as_posix()}/")
+        for name in files:
+            src, where = Path(folder) / name, (rel / name).as_posix()
+            outside = src.is_symlink() and not src.resolve().is_relative_to(root)
+            if spec.match_file(where) or outside or not src.is_file():
+                staged.left_out.append(where)
+                continue
+            target = dest / where
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+            staged.files += 1
+            staged.bytes += target.stat().st_size
+
+
+def _package_dirs(root: Path) -> dict[str, str]:
+    """The source folders of the ``docintel.*`` packages, from the shipped pyproject.toml."""
+    try:
+        with (root / "pyproject.toml").open("rb") as f:
+            mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
+        raise UsageError(
+            f"--working-dir {root} is not a docintel source folder: its pyproject.toml "
+            f"has no [tool.setuptools] package-dir ({e}); give the repository root"
+        ) from e
+    return {pkg: folder for pkg, folder in mapping.items() if pkg.startswith("docintel.")}
+
+
+def stage_working_dir(req: JobRequest, dest: Path) -> StagedDir:
     """Fill ``dest`` with the job's working directory: the config as job.toml, plus a
-    filtered copy of --working-dir when given. ``dest`` must not exist yet."""
-    if req.working_dir is not None:
-        root = req.working_dir.resolve()
-        shutil.copytree(root, dest, ignore=_ignore(root))
-    else:
-        dest.mkdir(parents=True)
+    filtered copy of --working-dir when given. ``dest`` must not exist yet.
+
+    The copy leaves out secrets (``.env``, keys, ``.git/``, ``.venv/``: WORKING_DIR_DENY),
+    outputs and caches, and what the folder's .gitignore / .rayignore list. The code
+    folders are laid out as the installed namespace (``pipeline/`` becomes
+    ``docintel/pipeline/``...), so the job's ``python -m docintel.jobs.batch`` and every
+    worker import the shipped code from the working directory, which Ray puts first on
+    their path; the rest (data, relative inputs) keeps its place."""
+    staged = StagedDir(dest)
+    root = req.working_dir.resolve() if req.working_dir is not None else None
+    packages = _package_dirs(root) if root is not None else {}
+    dest.mkdir(parents=True)
+    if root is not None:
+        _copy_filtered(root, dest, staged)
+        for pkg, folder in packages.items():
+            if (dest / folder).is_dir():
+                target = dest.joinpath(*pkg.split("."))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (dest / folder).rename(target)
     target = dest / JOB_CONFIG_NAME
     if req.config_path is not None:
         shutil.copyfile(req.config_path, target)
     else:
         target.write_text("# docintel submit: no --config given; every key at its default\n")
-    return dest
+    return staged
 
 
-def submit(client: JobSubmissionClient, req: JobRequest, staging: Path) -> str:
+def submit(
+    client: JobSubmissionClient,
+    req: JobRequest,
+    staging: Path,
+    on_staged: Callable[[StagedDir], None],
+) -> str:
     """Stage the working directory under ``staging``, upload it and start the job."""
     workdir = stage_working_dir(req, staging / "job")
+    on_staged(workdir)
     try:
         return client.submit_job(
             entrypoint=req.entrypoint,
-            runtime_env={"working_dir": str(workdir)},
+            runtime_env={"working_dir": str(workdir.path)},
             metadata={
                 "docintel": "batch",
                 "config": req.config_path.name if req.config_path else "",
@@ -294,11 +380,11 @@ def exit_code(info: JobDetails) -> int:
     Ray reports one, else 1; a stopped job 1."""
     status = str(info.status)
     if status in {"PENDING", "RUNNING", "SUCCEEDED"}:
-        return EXIT_OK
+        return ExitCode.OK
     if status == "FAILED":
         code = info.driver_exit_code
-        return code if code is not None and 0 < code < 256 else EXIT_FAILED
-    return EXIT_FAILED
+        return code if code is not None and 0 < code < 256 else ExitCode.FAILED
+    return ExitCode.FAILED
 
 
 def failure_reason(info: JobDetails) -> str:

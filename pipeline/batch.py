@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pipeline.schema import empty_errors
+from docintel.pipeline.schema import empty_errors
 
 
 @dataclass

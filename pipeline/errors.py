@@ -38,3 +38,18 @@ class ChainError(UsageError):
 
 class RunFailed(DocintelError):
     """The run started but could not complete (exit code 1)."""
+
+
+class DocumentsRejected(DocintelError):
+    """A stage refuses some documents of a batch by a stated limit, and has the output of
+    the others ready: the refused ones become error rows, nothing is recomputed.
+
+    ``reasons`` maps each refused document id to (error type, message); ``output`` is the
+    stage's output table without them.
+    """
+
+    def __init__(self, reasons: dict[str, tuple[str, str]], output: object) -> None:
+        first = next(iter(reasons.values()), ("", ""))[1]
+        super().__init__(f"{len(reasons)} document(s) refused; first: {first}")
+        self.reasons = reasons
+        self.output = output

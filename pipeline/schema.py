@@ -27,6 +27,16 @@ PROBS = "probs"  # internal: the full probability vector, aggregated per documen
 
 STAGES = ("sentencize", "embed", "classify")
 
+# Backend labels, written on every sentence row (``<stage>_backend``) and counted in the
+# manifest: how a stage computed its result. Not the pool a replica belongs to ("gpu" or
+# "cpu", docintel.pipeline.layout): a GPU-pool replica without CUDA writes gpu-sim.
+BACKEND_GPU_FP16 = "gpu-fp16"
+BACKEND_GPU_BF16 = "gpu-bf16"  # cards with bfloat16 (Ampere and newer)
+BACKEND_GPU_FP32 = "gpu-fp32"  # GPU stages without a half-precision path (spaCy, the head)
+BACKEND_GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp32 on the CPU
+BACKEND_CPU_FP32 = "cpu-fp32"
+BACKEND_CPU_INT8 = "cpu-int8"
+
 ERRORS_SCHEMA = pa.schema(
     [
         pa.field(DOC_ID, pa.string(), nullable=False),

@@ -9,7 +9,8 @@ name (readers skip hidden files) and renamed; on S3 each part is one atomic PUT.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.batch import Batch
-from pipeline.config import StorageConfig
-from pipeline.schema import (
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.schema import (
     DOC_ID,
     EMBEDDING,
+    N_TOKENS,
     PROBS,
     STAGES,
     TRUNCATED,
@@ -30,7 +32,7 @@ from pipeline.schema import (
     label_count_column,
     sentences_schema,
 )
-from pipeline.storage import check_bucket, is_local, resolve_uri
+from docintel.pipeline.storage import check_bucket, is_local, resolve_uri
 
 TABLES = ("documents", "sentences", "errors")
 MANIFEST = "_manifest.json"
@@ -62,7 +64,7 @@ def atomic_write(fs: pafs.FileSystem, path: str, data: pa.Table | bytes) -> None
         return
     folder, _, name = path.rpartition("/")
     fs.create_dir(folder, recursive=True)
-    tmp = f"{folder}/.{name}.tmp"
+    tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"  # unique per writer: no shared temp
     if isinstance(data, pa.Table):
         pq.write_table(data, tmp, filesystem=fs, compression=COMPRESSION)
     else:
@@ -137,8 +139,26 @@ class BatchStats:
     documents: int
     sentences: int
     errors: int
+    tokens: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, str] = field(default_factory=dict)
+
+
+# A batch's counts and backends ride in its documents part's footer (Parquet key-value
+# metadata), so a resumed run learns an earlier invocation's batches from footers alone.
+STATS_KEY = b"docintel.batch_stats"
+
+
+def stats_metadata(stats: BatchStats) -> dict[bytes, bytes]:
+    keep = {k: v for k, v in asdict(stats).items() if k != "seconds"}
+    return {STATS_KEY: json.dumps(keep).encode()}
+
+
+def read_batch_stats(fs: pafs.FileSystem, root: str, batch_id: str) -> BatchStats:
+    """The stats of a committed batch, from its documents part's footer only."""
+    with fs.open_input_file(part_path(root, "documents", batch_id)) as f:
+        meta = pq.ParquetFile(f).schema_arrow.metadata or {}
+    return BatchStats(**json.loads(meta[STATS_KEY]))
 
 
 def write_batch(
@@ -150,17 +170,20 @@ def write_batch(
     t0 = time.perf_counter()
     docs = documents_table(batch, labels)
     sents = sentences_table(batch, embeddings)
-    atomic_write(fs, part_path(root, "errors", batch.batch_id), batch.errors)
-    atomic_write(fs, part_path(root, "sentences", batch.batch_id), sents)
-    atomic_write(fs, part_path(root, "documents", batch.batch_id), docs)
-    return BatchStats(
+    stats = BatchStats(
         batch_id=batch.batch_id,
         documents=docs.num_rows,
         sentences=sents.num_rows,
         errors=pc.count_distinct(batch.errors[DOC_ID]).as_py(),
-        seconds={**batch.seconds, "write": time.perf_counter() - t0},
+        tokens=int(pc.sum(sents[N_TOKENS]).as_py() or 0),
         backends=dict(batch.backends),
     )
+    atomic_write(fs, part_path(root, "errors", batch.batch_id), batch.errors)
+    atomic_write(fs, part_path(root, "sentences", batch.batch_id), sents)
+    docs = docs.replace_schema_metadata({**(docs.schema.metadata or {}), **stats_metadata(stats)})
+    atomic_write(fs, part_path(root, "documents", batch.batch_id), docs)
+    stats.seconds = {**batch.seconds, "write": time.perf_counter() - t0}
+    return stats
 
 
 def write_manifest(fs: pafs.FileSystem, root: str, manifest: dict[str, Any]) -> None:

@@ -1,16 +1,24 @@
 """Input: resolve a Parquet file, folder, glob or ``s3://`` prefix into work units and batches.
 
 The driver reads only footers (row-group sizes) and the id column (duplicate check);
-document text is read by Ray tasks, one row group at a time, cut into batches with
-deterministic ids ``<file key>-<row group>-<batch within row group>``.
+document text is read by Ray tasks, one work unit at a time, cut into batches with
+deterministic ids ``<file key>-<first row group>-<batch within the unit>``. A work unit is
+one row group, or several consecutive small ones (until they hold a batch, or
+UNIT_BYTES): a file of 2,000 one-row row groups is read by a few tasks, each parsing its
+footer once, not by 2,000 tasks that each parse the whole footer again.
+
+The file key is the file's identity: its path relative to the input root and a hash of its
+Parquet footer (schema, row groups, sizes, statistics), so a different file that happens to
+share a name never shares batch ids, while the same file read from another folder does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import re
-from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -19,14 +27,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.batch import Batch
-from pipeline.config import StorageConfig
-from pipeline.errors import InputError
-from pipeline.schema import DOC_ID, TEXT, error_table
-from pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.errors import InputError
+from docintel.pipeline.idcheck import READ_ROWS, find_duplicates
+from docintel.pipeline.schema import DOC_ID, TEXT, error_table
+from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 
 _GLOB_CHARS = "*?["
 MAX_REPORTED_DUPLICATES = 5  # enough to find the pattern, short enough to read
+ID_BATCH_ROWS = READ_ROWS  # ids per record batch when checking them
 
 
 @dataclass(frozen=True)
@@ -37,18 +47,43 @@ class InputFile:
     key: str  # short stable id used in batch ids
 
 
+# A work unit of merged small row groups closes at this many uncompressed bytes even if it
+# holds fewer rows than a batch: a read task's memory stays bounded by the row groups'
+# size, not by how many of them a writer chose to make.
+UNIT_BYTES = 64 * 1024 * 1024
+FOOTER_TAIL = 8  # a Parquet file ends with the footer's length (4 bytes LE) and b"PAR1"
+
+
 @dataclass(frozen=True)
 class WorkUnit:
-    """One row group of one file: read once, cut into ``len(batch_ids)`` batches."""
+    """Consecutive row groups of one file: read once, cut into ``len(batch_ids)`` batches."""
 
     file: InputFile
-    row_group: int
+    row_groups: tuple[int, ...]
     n_rows: int
     batch_ids: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        first, last = self.row_groups[0], self.row_groups[-1]
+        groups = f"row group {first}" if first == last else f"row groups {first}-{last}"
+        return f"{self.file.uri} ({groups})"
 
 
 def _file_key(relative: str) -> str:
     return hashlib.sha1(relative.encode()).hexdigest()[:10]
+
+
+def _identity(fs: pafs.FileSystem, f: InputFile) -> str:
+    """``f.key`` (its relative path) plus a hash of its raw Parquet footer: two reads of the
+    file's tail on the driver."""
+    with fs.open_input_file(f.path) as raw:
+        size = raw.size()
+        raw.seek(size - FOOTER_TAIL)
+        length = int.from_bytes(raw.read(4), "little")
+        raw.seek(max(size - FOOTER_TAIL - length, 0))
+        footer = raw.read(length)
+    return hashlib.sha1(f.key.encode() + footer).hexdigest()[:12]
 
 
 def resolve_input(uri: str, storage: StorageConfig) -> tuple[pafs.FileSystem, list[InputFile]]:
@@ -157,7 +192,7 @@ def split_readable(
             skipped.append({"uri": f.uri, "reason": str(e)})
             first = first or e
             continue
-        ok.append(f)
+        ok.append(dataclasses.replace(f, key=_identity(fs, f)))
     if not ok and first is not None:
         raise first
     return ok, skipped
@@ -188,47 +223,78 @@ def plan(
                 f"input file {f.uri}: id column {id_column!r} has type {id_type}; "
                 "expected strings or integers"
             )
-        for rg in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(rg).num_rows
-            if n == 0:
-                continue
-            k = -(-n // batch_size)
-            ids = tuple(f"{f.key}-{rg:05d}-{b:05d}" for b in range(k))
-            units.append(WorkUnit(f, rg, n, ids))
+        units += _units(f, pf.metadata, batch_size)
     return units
 
 
-def check_ids(fs: pafs.FileSystem, files: list[InputFile], id_column: str) -> int:
-    """Refuse null or duplicate document ids before any work; return the document count.
+def _units(f: InputFile, md: pq.FileMetaData, batch_size: int) -> list[WorkUnit]:
+    """Row groups with at least a batch of rows are a unit each; runs of smaller ones are
+    merged until they hold a batch or UNIT_BYTES."""
+    units: list[WorkUnit] = []
+    groups: list[int] = []
+    rows = size = 0
+    for rg in range(md.num_row_groups):
+        meta = md.row_group(rg)
+        if meta.num_rows == 0:
+            continue
+        groups.append(rg)
+        rows += meta.num_rows
+        size += meta.total_byte_size
+        if rows >= batch_size or size >= UNIT_BYTES or rg == md.num_row_groups - 1:
+            k = -(-rows // batch_size)
+            ids = tuple(f"{f.key}-{groups[0]:05d}-{b:05d}" for b in range(k))
+            units.append(WorkUnit(f, tuple(groups), rows, ids))
+            groups, rows, size = [], 0, 0
+    return units
 
-    Reads only the id column. Duplicates are an error, never silently merged: every
-    output row must name exactly one input document.
-    """
-    seen: Counter[str] = Counter()
-    where: dict[str, str] = {}
-    total = 0
-    for f in files:
-        pf = _open(fs, f)
-        col = pf.read(columns=[id_column]).column(0)
-        nulls = col.null_count
-        if nulls:
-            first = pc.index(pc.is_null(col), True).as_py()
-            raise InputError(
-                f"input file {f.uri}: id column {id_column!r} has {nulls} null "
-                f"value(s), first at row {first}; every document needs an id"
-            )
-        ids = pc.cast(col, pa.string()).to_pylist()
-        seen.update(ids)
-        for i in ids:
-            where.setdefault(i, f.uri)
-        total += len(ids)
-    dups = [(i, n) for i, n in seen.items() if n > 1]
-    if dups:
-        shown = "; ".join(
-            f"{i!r} x{n} (first in {where[i]})" for i, n in dups[:MAX_REPORTED_DUPLICATES]
-        )
+
+def _check_id_batch(col: pa.Array, f: InputFile, row0: int, id_column: str, max_bytes: int) -> None:
+    """No null ids, none longer than ``max_bytes`` (rows counted from the file's start)."""
+    if col.null_count:
+        first = row0 + pc.index(pc.is_null(col), True).as_py()
         raise InputError(
-            f"{len(dups)} document id(s) appear more than once in column {id_column!r}: "
+            f"input file {f.uri}: id column {id_column!r} has a null value at row {first}; "
+            "every document needs an id"
+        )
+    lengths = pc.binary_length(col)
+    longest = pc.max(lengths).as_py() or 0
+    if longest > max_bytes:
+        row = row0 + pc.index(pc.greater(lengths, max_bytes), True).as_py()
+        raise InputError(
+            f"input file {f.uri}: the id in column {id_column!r} at row {row} is {longest:,} "
+            f"bytes long, over the limit of {max_bytes:,} ([input] max_id_bytes): ids are "
+            "copied into every sentence row. Use a shorter id column (--id-column), or "
+            "raise [input] max_id_bytes"
+        )
+
+
+def check_ids(
+    fs: pafs.FileSystem, files: list[InputFile], id_column: str, max_id_bytes: int = 1024
+) -> int:
+    """Refuse null, oversized or duplicate document ids before any work; return the
+    document count.
+
+    Streams the id columns in record batches; duplicates are found by hash partitions on
+    local disk (pipeline/idcheck.py), so the driver's memory does not grow with the
+    corpus. Duplicates are an error, never silently merged: every output row must name
+    exactly one input document.
+    """
+    total = sum(_open(fs, f).metadata.num_rows for f in files)
+
+    def read_ids() -> Iterator[tuple[str, pa.Array]]:
+        for f in files:
+            row = 0
+            for rb in _open(fs, f).iter_batches(batch_size=ID_BATCH_ROWS, columns=[id_column]):
+                ids = pc.cast(rb.column(0), pa.string())
+                _check_id_batch(ids, f, row, id_column, max_id_bytes)
+                row += rb.num_rows
+                yield f.uri, ids
+
+    n, dups = find_duplicates(read_ids, total, MAX_REPORTED_DUPLICATES)
+    if n:
+        shown = "; ".join(f"{i!r} x{k} (first in {where})" for i, k, where in dups)
+        raise InputError(
+            f"{n} document id(s) appear more than once in column {id_column!r}: "
             f"{shown}. docintel writes one row per document id; deduplicate the input or "
             "choose a unique id column with --id-column"
         )
@@ -275,34 +341,52 @@ def _decode_text(
     return pa.nulls(len(col), pa.string()), errors
 
 
-def read_unit(
-    fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: str, batch_size: int
-) -> list[Batch]:
-    """Read one row group and cut it into its batches (runs as a Ray task)."""
-    pf = _open(fs, unit.file)
+def _read_groups(
+    fs: pafs.FileSystem, pf: pq.ParquetFile, unit: WorkUnit, id_column: str, text_column: str
+) -> tuple[pa.Table, dict[str, str]]:
+    """The unit's ids and texts, and ``{doc id: reason}`` for documents whose text pages are
+    corrupt (their ids, read on the driver already, still name them). A merged unit falls
+    back to one row group at a time, so one bad row group does not spoil its neighbours."""
+    cols = [id_column, text_column]
     try:
-        table = pf.read_row_group(unit.row_group, columns=[id_column, text_column])
-        unreadable = None
+        return pf.read_row_groups(list(unit.row_groups), columns=cols), {}
     except (pa.ArrowInvalid, OSError) as e:
         if isinstance(e, OSError) and not is_local(fs):
             raise  # storage trouble after the S3 retries: the executor retries the batch
-        # corrupt text pages: the ids (already read on the driver) still name every document
-        table = pf.read_row_group(unit.row_group, columns=[id_column])
-        table = table.append_column(text_column, pa.nulls(table.num_rows, pa.string()))
-        unreadable = f"text column {text_column!r} could not be decoded ({e})"
-    where = f"{unit.file.uri} (row group {unit.row_group})"
+    parts, corrupt = [], {}
+    for rg in unit.row_groups:
+        try:
+            parts.append(pf.read_row_group(rg, columns=cols))
+            continue
+        except (pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, OSError) and not is_local(fs):
+                raise
+            where = f"{unit.file.uri} (row group {rg})"
+            reason = f"{where}: text column {text_column!r} could not be decoded ({e})"
+        ids = pf.read_row_group(rg, columns=[id_column])
+        parts.append(ids.append_column(text_column, pa.nulls(ids.num_rows, pa.string())))
+        corrupt.update(dict.fromkeys(pc.cast(ids[id_column], pa.string()).to_pylist(), reason))
+    return pa.concat_tables(parts, promote_options="permissive"), corrupt
+
+
+def read_unit(
+    fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: str, batch_size: int
+) -> list[Batch]:
+    """Read one work unit and cut it into its batches (runs as a Ray task)."""
+    pf = _open(fs, unit.file)
+    table, corrupt = _read_groups(fs, pf, unit, id_column, text_column)
     batches = []
     for k, batch_id in enumerate(unit.batch_ids):
         part = table.slice(k * batch_size, batch_size)
         ids = pc.cast(part.column(id_column), pa.string()).combine_chunks()
         text, errs = _decode_text(
-            part.column(text_column), ids.to_pylist(), where, batch_id, text_column
+            part.column(text_column), ids.to_pylist(), unit.where, batch_id, text_column
         )
-        if unreadable:
-            errs = [
-                _read_error(d, "CorruptData", f"{where}: {unreadable}", batch_id)
-                for d in ids.to_pylist()
-            ]
+        errs = [e for e in errs if e[DOC_ID] not in corrupt] + [
+            _read_error(d, "CorruptData", corrupt[d], batch_id)
+            for d in ids.to_pylist()
+            if d in corrupt
+        ]
         failed = {e[DOC_ID] for e in errs}
         docs = pa.table({DOC_ID: ids, TEXT: text})
         if failed:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pipeline.config import StorageConfig
-from pipeline.errors import ConfigError, InputError, OutputError, UsageError
+from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.errors import ConfigError, InputError, OutputError, UsageError
 
 S3_SCHEME = "s3://"
 Role = Literal["input", "output"]
@@ -36,6 +36,10 @@ _ACCESS_CODES = (
     "ExpiredToken",
 )
 _BUCKET_CODES = ("NO_SUCH_BUCKET", "NoSuchBucket")
+# The AWS SDKs' standard endpoint settings (boto3, the AWS CLI), most specific first: used
+# when [storage] s3_endpoint is empty, so an S3-compatible store (MinIO, Ceph) configured
+# for every other AWS tool works here too.
+ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _NETWORK_CODES = ("NETWORK_CONNECTION", "curlCode")
 
 
@@ -50,13 +54,7 @@ class ConfiguredS3FileSystem(pafs.S3FileSystem):
     def __init__(self, endpoint: str, region: str, attempts: int) -> None:
         options: dict[str, str] = {}
         if endpoint:
-            url = urlsplit(endpoint)
-            if url.scheme not in ("http", "https") or not url.netloc or url.path not in ("", "/"):
-                raise ConfigError(
-                    f"[storage] s3_endpoint {endpoint!r} is not an endpoint URL; write "
-                    'the scheme, host and port, e.g. "http://127.0.0.1:9000" or '
-                    '"https://s3.example.com" (the scheme decides TLS)'
-                )
+            url = check_endpoint(endpoint, "[storage] s3_endpoint")
             options = {"endpoint_override": url.netloc, "scheme": url.scheme}
         if region:
             options["region"] = region
@@ -72,8 +70,50 @@ class ConfiguredS3FileSystem(pafs.S3FileSystem):
         return (ConfiguredS3FileSystem, self._settings)
 
 
+def check_endpoint(endpoint: str, source: str) -> SplitResult:
+    """An S3 endpoint URL, checked: scheme, host, optional port, nothing else.
+
+    Credentials in the URL (``http://KEY:SECRET@host``) are refused without echoing them:
+    they would travel in the config, the manifest and every pickled filesystem.
+    """
+    url = urlsplit(endpoint)
+    try:
+        has_userinfo = "@" in url.netloc or url.username is not None
+    except ValueError:
+        has_userinfo = True
+    if has_userinfo:
+        raise ConfigError(
+            f"{source} holds credentials (user:password@ in the URL); docintel refuses them. "
+            "Give only scheme, host and port, and the credentials through the AWS chain "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance/pod role)"
+        )
+    if url.scheme not in ("http", "https") or not url.netloc or url.path not in ("", "/"):
+        raise ConfigError(
+            f"{source} {endpoint!r} is not an endpoint URL; write the scheme, host and port, "
+            'e.g. "http://127.0.0.1:9000" or "https://s3.example.com" (the scheme decides TLS)'
+        )
+    return url
+
+
+def effective_endpoint(storage: StorageConfig) -> tuple[str, str]:
+    """The S3 endpoint and where it came from: ``[storage] s3_endpoint``, else the AWS
+    SDKs' AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else "" (AWS itself)."""
+    if storage.s3_endpoint:
+        return storage.s3_endpoint, "[storage] s3_endpoint"
+    for name in ENDPOINT_ENVS:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value, name
+    return "", ""
+
+
 def s3_filesystem(storage: StorageConfig) -> ConfiguredS3FileSystem:
-    return ConfiguredS3FileSystem(storage.s3_endpoint, storage.s3_region, storage.s3_attempts)
+    """The S3 filesystem for ``storage``; the endpoint is resolved here, on the driver, and
+    travels to the workers with the pickled filesystem (they need no environment for it)."""
+    endpoint, source = effective_endpoint(storage)
+    if endpoint:
+        check_endpoint(endpoint, source)
+    return ConfiguredS3FileSystem(endpoint, storage.s3_region, storage.s3_attempts)
 
 
 def resolve_uri(

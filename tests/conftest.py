@@ -15,10 +15,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import Config, load_config
+from docintel.pipeline.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 VALID_CSV = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Derived artefacts (int8 models) go to a cache folder of this test session, never to
+    the user's ~/.cache/docintel; subprocesses and Ray workers inherit the variable."""
+    from docintel.pipeline.artefacts import CACHE_ENV
+
+    if CACHE_ENV not in os.environ:
+        import tempfile
+
+        os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="docintel-test-cache-")
 
 
 def sigkill_after_parts(
@@ -101,8 +112,8 @@ def int8_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The int8 folder, built once per session exactly as `docintel quantize` builds it:
     the encoder's files at its root and the bundled classifier's int8 copy in
     ``classify/`` (so ``[embed] int8_dir`` = this folder serves both CPU int8 stages)."""
-    from pipeline.config import ClassifyConfig, EmbedConfig
-    from pipeline.quantize import build_int8, build_int8_classifier
+    from docintel.pipeline.config import ClassifyConfig, EmbedConfig
+    from docintel.pipeline.offline.quantize import build_int8, build_int8_classifier
 
     folder = build_int8(EmbedConfig().resolved_model_path(), tmp_path_factory.mktemp("int8"))
     build_int8_classifier(ClassifyConfig().resolved_model_dir(), folder)

@@ -1,5 +1,5 @@
 """Stage logic: plain classes that run with or without Ray (DESIGN.md, Conventions)."""
 
-from pipeline.stages.base import Stage, check_chain, run_stage
+from docintel.pipeline.stages.base import Stage, check_chain, run_stage
 
 __all__ = ["Stage", "check_chain", "run_stage"]

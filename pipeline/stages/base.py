@@ -14,9 +14,9 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.batch import Batch
-from pipeline.errors import ChainError
-from pipeline.schema import DOC_ID, error_table
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.errors import ChainError, DocumentsRejected
+from docintel.pipeline.schema import DOC_ID, error_table
 
 MAX_MESSAGE_CHARS = 2_000  # error messages are for people; a traceback-sized cap is plenty
 
@@ -31,11 +31,6 @@ class Placement:
     @property
     def wants_gpu(self) -> bool:
         return self.device == "gpu"
-
-
-# Backend names recorded in every row: how a stage's result was computed.
-GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp32 on the CPU
-CPU_FP32 = "cpu-fp32"
 
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max ..."
@@ -126,6 +121,13 @@ def _isolate(stage: Stage, table: pa.Table, batch_id: str) -> tuple[list[pa.Tabl
     """
     try:
         return [stage(table)], []
+    except DocumentsRejected as r:  # refused by a limit, the others' output is ready
+        rows = [
+            {DOC_ID: doc, "stage": stage.name, "error_type": kind, "message": _describe(msg),
+             "batch_id": batch_id}
+            for doc, (kind, msg) in r.reasons.items()
+        ]  # fmt: skip
+        return [r.output], rows
     except Exception as exc:  # per-document failures must become error rows, not a crash
         ids = pc.unique(table[DOC_ID])
         if len(ids) <= 1:

@@ -12,26 +12,35 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import ClassifyConfig
-from pipeline.errors import ModelError
-from pipeline.quantize import META_SOURCE_FINGERPRINT, classifier_int8_path
-from pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE
-from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage
-from pipeline.stages.embed_int8 import CPU_INT8
-from pipeline.versions import fingerprint
-
-MODEL_FILE = "model.keras"
-LABELS_FILE = "labels.json"
-TRAINING_FILE = "training.json"  # what the head was trained on (embedder version, dim)
-METRICS_FILE = "metrics.json"
+from docintel.pipeline.artefacts import (
+    CLASSIFIER_MODEL_FILE,
+    LABELS_FILE,
+    META_SOURCE_FINGERPRINT,
+    TRAINING_FILE,
+    classifier_int8_path,
+)
+from docintel.pipeline.config import ClassifyConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import (
+    BACKEND_CPU_FP32,
+    BACKEND_CPU_INT8,
+    BACKEND_GPU_FP32,
+    BACKEND_GPU_SIM,
+    EMBEDDING,
+    LABEL,
+    PROBS,
+    SCORE,
+)
+from docintel.pipeline.stages.base import Placement, Stage
+from docintel.pipeline.versions import fingerprint
 
 
 def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
     """Label names and training record of a classifier folder, without importing TF."""
-    for f in (MODEL_FILE, LABELS_FILE, TRAINING_FILE):
+    for f in (CLASSIFIER_MODEL_FILE, LABELS_FILE, TRAINING_FILE):
         if not (model_dir / f).is_file():
             raise ModelError(
-                f"classifier folder {model_dir} has no {f}; expected {MODEL_FILE}, "
+                f"classifier folder {model_dir} has no {f}; expected {CLASSIFIER_MODEL_FILE}, "
                 f"{LABELS_FILE} and {TRAINING_FILE} as written by `docintel train`"
             )
     try:
@@ -55,9 +64,9 @@ def configure_tf(placement: Placement) -> str:
     if not placement.wants_gpu:
         if gpus:
             tf.config.set_visible_devices([], "GPU")
-        return CPU_FP32
+        return BACKEND_CPU_FP32
     if not gpus:
-        return GPU_SIM
+        return BACKEND_GPU_SIM
     import torch  # only to read the card's size; TF has no portable query for it
 
     total_mb = torch.cuda.get_device_properties(0).total_memory // (1024 * 1024)
@@ -66,7 +75,7 @@ def configure_tf(placement: Placement) -> str:
     tf.config.set_logical_device_configuration(
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit)]
     )
-    return "gpu-fp32"
+    return BACKEND_GPU_FP32
 
 
 def load_keras(path: Path, threads: int = 0) -> Any:
@@ -104,11 +113,11 @@ class Classifier(Stage):
         model_dir = self.cfg.resolved_model_dir()
         self.labels, _ = read_classifier_meta(model_dir)
         self.backend = configure_tf(self.placement)
-        self.model = load_keras(model_dir / MODEL_FILE, self.threads)
+        self.model = load_keras(model_dir / CLASSIFIER_MODEL_FILE, self.threads)
         n_out = int(self.model.output_shape[-1])
         if n_out != len(self.labels):
             raise ModelError(
-                f"{model_dir / MODEL_FILE} outputs {n_out} classes but "
+                f"{model_dir / CLASSIFIER_MODEL_FILE} outputs {n_out} classes but "
                 f"{LABELS_FILE} names {len(self.labels)}"
             )
         self.input_dim = int(self.model.input_shape[-1])
@@ -205,7 +214,7 @@ class Int8Classifier(Classifier):
                 f"{path} outputs {n_out} classes but {model_dir / LABELS_FILE} names "
                 f"{len(self.labels)}; rebuild it with `docintel quantize`"
             )
-        self.backend = CPU_INT8
+        self.backend = BACKEND_CPU_INT8
         self.version = f"{version}+int8@{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -13,11 +13,20 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import EmbedConfig
-from pipeline.errors import ModelError
-from pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
-from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage, usable_cores
-from pipeline.versions import fingerprint
+from docintel.pipeline.config import EmbedConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import (
+    BACKEND_CPU_FP32,
+    BACKEND_GPU_BF16,
+    BACKEND_GPU_FP16,
+    BACKEND_GPU_SIM,
+    EMBEDDING,
+    N_TOKENS,
+    TEXT,
+    TRUNCATED,
+)
+from docintel.pipeline.stages.base import Placement, Stage, usable_cores
+from docintel.pipeline.versions import fingerprint
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -51,6 +60,15 @@ def embedding_dim(path: Path) -> int:
         if key in cfg:
             return int(cfg[key])
     raise ModelError(f"{path / 'config.json'} names no hidden_size; is it an encoder model?")
+
+
+# Sentences per tokenizer call and forward-pass plan: bounds the token ids and padding held
+# at once (a batch of long documents can hold tens of thousands of sentences).
+ENCODE_CHUNK = 4096
+# Characters kept per token of max_length before tokenizing (256 tokens -> 16,384 chars):
+# English averages ~4-5 characters per token, so this never cuts what the model would read,
+# while a 1,000,000-character "sentence" is not tokenized whole.
+MAX_CHARS_PER_TOKEN = 64
 
 
 def pack_by_length(lengths: list[int], token_budget: int, max_items: int) -> list[list[int]]:
@@ -119,17 +137,17 @@ class Embedder(Stage):
 
     def _place(self, torch: Any) -> None:
         """Cap a GPU replica at its fraction and use half precision; else fp32 on the CPU."""
-        self.backend = CPU_FP32
+        self.backend = BACKEND_CPU_FP32
         if not self.placement.wants_gpu:
             return
         if not torch.cuda.is_available():
-            self.backend = GPU_SIM
+            self.backend = BACKEND_GPU_SIM
             return
         torch.cuda.set_per_process_memory_fraction(self.placement.gpu_fraction)
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         self.model = self.model.to("cuda", dtype=dtype)
         self.device = "cuda"
-        self.backend = "gpu-bf16" if dtype == torch.bfloat16 else "gpu-fp16"
+        self.backend = BACKEND_GPU_BF16 if dtype == torch.bfloat16 else BACKEND_GPU_FP16
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
@@ -169,7 +187,21 @@ class Embedder(Stage):
         return out, np.array(lengths, dtype=np.int32), truncated
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        vectors, n_tokens, truncated = self.encode(table[TEXT].to_pylist())
+        """Embed every sentence, ENCODE_CHUNK sentences per tokenizer call (memory for
+        token ids and padding stays bounded however many sentences a batch holds), each
+        cut to MAX_CHARS_PER_TOKEN characters per token of max_length first: a sentence
+        cut there is longer than the model reads anyway, and is flagged truncated."""
+        texts = table[TEXT].to_pylist()
+        cap = self.cfg.max_length * MAX_CHARS_PER_TOKEN
+        parts = []
+        for a in range(0, max(len(texts), 1), ENCODE_CHUNK):
+            chunk = texts[a : a + ENCODE_CHUNK]
+            cut = np.array([len(t) > cap for t in chunk], dtype=bool)
+            vectors, n_tokens, truncated = self.encode([t[:cap] for t in chunk])
+            parts.append((vectors, n_tokens, truncated | cut))
+        vectors = np.concatenate([v for v, _, _ in parts])
+        n_tokens = np.concatenate([n for _, n, _ in parts])
+        truncated = np.concatenate([t for _, _, t in parts])
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
         emb = pa.FixedSizeListArray.from_arrays(flat, self.dim)
         for name, col in (

@@ -12,14 +12,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.config import EmbedConfig
-from pipeline.errors import ModelError
-from pipeline.quantize import INT8_MODEL_FILE, RECIPE_FILE
-from pipeline.stages.base import Placement, usable_cores
-from pipeline.stages.embed import Embedder, pack_by_length
-from pipeline.versions import fingerprint
-
-CPU_INT8 = "cpu-int8"
+from docintel.pipeline.artefacts import INT8_MODEL_FILE, RECIPE_FILE
+from docintel.pipeline.config import EmbedConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import BACKEND_CPU_INT8
+from docintel.pipeline.stages.base import Placement, usable_cores
+from docintel.pipeline.stages.embed import Embedder, pack_by_length
+from docintel.pipeline.versions import fingerprint
 
 
 class Frontend:
@@ -74,7 +73,7 @@ def mean_pool_normalize(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 class Int8Embedder(Embedder):
-    backend: str = CPU_INT8
+    backend: str = BACKEND_CPU_INT8
     name: ClassVar[str] = "embed"
 
     def __init__(
@@ -118,7 +117,7 @@ class Int8Embedder(Embedder):
             if recipe_path.is_file()
             else "unrecorded"
         )
-        self.backend = CPU_INT8
+        self.backend = BACKEND_CPU_INT8
         self.version = f"{source}+int8@{fingerprint(self.dir)[-12:]}"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

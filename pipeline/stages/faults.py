@@ -9,8 +9,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.schema import DOC_ID
-from pipeline.stages.base import Stage
+from docintel.pipeline.schema import DOC_ID
+from docintel.pipeline.stages.base import Stage
 
 
 class InjectedFault(RuntimeError):

@@ -6,11 +6,21 @@ import re
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.config import SentencizeConfig
-from pipeline.errors import ModelError
-from pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
-from pipeline.stages.base import CPU_FP32, GPU_SIM, Placement, Stage, cuda_available
+from docintel.pipeline.config import SentencizeConfig
+from docintel.pipeline.errors import DocumentsRejected, ModelError
+from docintel.pipeline.schema import (
+    BACKEND_CPU_FP32,
+    BACKEND_GPU_FP32,
+    BACKEND_GPU_SIM,
+    DOC_ID,
+    END_CHAR,
+    SENT_INDEX,
+    START_CHAR,
+    TEXT,
+)
+from docintel.pipeline.stages.base import Placement, Stage, cuda_available
 
 _SENT_COMPONENTS = ("parser", "senter", "sentencizer")
 _LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
@@ -60,6 +70,13 @@ def load_spacy(name: str) -> Any:
     return nlp
 
 
+def _too_many(doc: str, n: int, cap: int) -> str:
+    return (
+        f"document {doc!r} splits into {n:,} sentences, over the limit of {cap:,} "
+        "([sentencize] max_sentences); split the document, or raise the limit"
+    )
+
+
 class Sentencizer(Stage):
     name: ClassVar[str] = "sentencize"
     input_columns: ClassVar[tuple[str, ...]] = (DOC_ID, TEXT)
@@ -74,12 +91,12 @@ class Sentencizer(Stage):
     def setup(self) -> None:
         import spacy
 
-        self.backend = CPU_FP32
+        self.backend = BACKEND_CPU_FP32
         if self.placement.wants_gpu:  # the rule-based sentencizer stays on the CPU anyway
             if not cuda_available():
-                self.backend = GPU_SIM
+                self.backend = BACKEND_GPU_SIM
             elif spacy.prefer_gpu():  # needs cupy; a trained pipeline then runs on the GPU
-                self.backend = "gpu-fp32"
+                self.backend = BACKEND_GPU_FP32
         self.nlp = load_spacy(self.cfg.spacy_model)
         self.nlp.max_length = self.cfg.chunk_chars + 1
         meta = self.nlp.meta
@@ -98,20 +115,30 @@ class Sentencizer(Stage):
                 jobs.append((i, a, text[a:b]))
         out: dict[str, list] = {c: [] for c in self.output_columns}
         counters = [0] * len(texts)
+        cap = self.cfg.max_sentences
         for (i, offset, _), doc in zip(jobs, self.nlp.pipe(j[2] for j in jobs), strict=True):
             for sent in doc.sents:
                 raw = sent.text
                 stripped = raw.strip()
                 if not stripped:
                     continue
+                counters[i] += 1
+                if counters[i] > cap:  # refused below: count on, keep no more rows
+                    continue
                 start = offset + sent.start_char + (len(raw) - len(raw.lstrip()))
                 out[DOC_ID].append(doc_ids[i])
-                out[SENT_INDEX].append(counters[i])
+                out[SENT_INDEX].append(counters[i] - 1)
                 out[START_CHAR].append(start)
                 out[END_CHAR].append(start + len(stripped))
                 out[TEXT].append(stripped)
-                counters[i] += 1
-        return pa.Table.from_pydict(out, schema=SENTENCES_SCHEMA)
+        result = pa.Table.from_pydict(out, schema=SENTENCES_SCHEMA)
+        over = {doc_ids[i]: n for i, n in enumerate(counters) if n > cap}
+        if over:
+            raise DocumentsRejected(
+                {doc: ("TooManySentences", _too_many(doc, n, cap)) for doc, n in over.items()},
+                result.filter(pc.invert(pc.is_in(result[DOC_ID], pa.array(list(over))))),
+            )
+        return result
 
     def teardown(self) -> None:
         self.nlp = None

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pytest
 
-from jobs.report import write_report
+from docintel.pipeline.report import write_report
 from tests.unit.test_report import RISK, SCRIPT_TEXT, audit_dict, make_run
 
 pytestmark = pytest.mark.browser

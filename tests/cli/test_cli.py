@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO, VALID_CSV, assert_exactly_once, write_docs
 
-DOCINTEL = [sys.executable, "-m", "jobs.cli"]
+DOCINTEL = [sys.executable, "-m", "docintel.jobs.cli"]
 
 
 def docintel(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -74,9 +74,9 @@ def test_help_explains_every_command() -> None:
 
 
 def test_python_m_jobs_cli_has_every_command() -> None:
-    """`python -m jobs.cli` must see the commands that register from their own modules."""
+    """`python -m docintel.jobs.cli` must see the commands that register from their own modules."""
     r = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "audit", "--help"],
+        [sys.executable, "-m", "docintel.jobs.cli", "audit", "--help"],
         check=False,
         capture_output=True,
         text=True,
@@ -224,3 +224,48 @@ def test_train_and_evaluate_small(tmp_path: Path) -> None:
     ev = docintel("evaluate", model, data)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "macro-F1" in ev.stdout and "confusion matrix" in ev.stdout
+
+
+def test_quantize_builds_both_int8_models_and_a_parity_report(tmp_path: Path) -> None:
+    rows = pd.read_csv(VALID_CSV).groupby("label").head(20)  # 60 rows, all 3 classes
+    data = tmp_path / "small.csv"
+    rows.to_csv(data, index=False)
+    target = tmp_path / "int8"
+    r = docintel("quantize", "--out", target, "--data", data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (target / "model.int8.onnx").is_file()
+    heads = list((target / "classify").glob("finsent@*.int8.onnx"))
+    assert len(heads) == 1, heads
+    parity = json.loads((target / "parity.json").read_text())
+    assert parity["n"] == 60 and parity["encoder"]["cosine_mean"] > 0.98
+    assert "int8 vs fp32 on small.csv" in r.stdout and str(target / "parity.json") in r.stdout
+
+
+def test_two_concurrent_runs_on_one_output_one_writes_the_other_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A resubmitted run while the first is alive: one writer per OUTPUT. The second is
+    refused with exit 2 naming the holder; the output ends exactly once, every part
+    readable."""
+    ids = [f"d{i:02d}" for i in range(24)]
+    corpus = write_docs(
+        tmp_path / "docs.parquet", ids, [f"Revenue rose {i}%. Costs fell." for i in range(24)]
+    )
+    out = tmp_path / "out"
+    env = {**os.environ, "COLUMNS": "200"}
+    args = [*DOCINTEL, "run", str(corpus), str(out), "--run-id", "twin", "--num-cpus", "2",
+            "--batch-size", "4"]  # fmt: skip
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(args, cwd=REPO, env=env, **pipes) for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]  # reads both pipes to the end
+    results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, _, err in results if code == 2)
+    assert "being written by another docintel process" in refused
+    assert "docintel run twin" in refused  # names the holder's run
+    tables = assert_exactly_once(out, ids)
+    assert len(tables["documents"]) == 24
+    for part in out.rglob("part-*.parquet"):
+        pq.read_table(part)  # every committed part is whole Parquet
+    assert not list(out.rglob("*.tmp")) and not (out / "_lease.json").exists()

@@ -13,8 +13,8 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from actors.cluster import WORKER_ENV, actor_name
-from jobs.run import execute
+from docintel.actors.cluster import WORKER_ENV, actor_name
+from docintel.actors.runner import execute
 from tests.conftest import run_config
 
 RESULT = "MULTINODE-RESULT "  # marks the result line among Ray's log lines

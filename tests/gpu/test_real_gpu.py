@@ -13,11 +13,11 @@ PROBE = textwrap.dedent(
     """
     import json, sys
     import torch
-    from pipeline.config import ClassifyConfig, EmbedConfig, SentencizeConfig
-    from pipeline.stages.base import Placement
-    from pipeline.stages.classify import Classifier
-    from pipeline.stages.embed import Embedder
-    from pipeline.stages.sentencize import Sentencizer
+    from docintel.pipeline.config import ClassifyConfig, EmbedConfig, SentencizeConfig
+    from docintel.pipeline.stages.base import Placement
+    from docintel.pipeline.stages.classify import Classifier
+    from docintel.pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.sentencize import Sentencizer
     kind, fraction = sys.argv[1], float(sys.argv[2])
     place = Placement("gpu", fraction)
     stage = {"embed": lambda: Embedder(EmbedConfig(), placement=place),
@@ -76,7 +76,7 @@ def test_three_stages_share_one_gpu(tmp_path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "jobs.cli",
+        "docintel.jobs.cli",
         "run",
         str(inp),
         str(tmp_path / "out"),

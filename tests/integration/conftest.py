@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from actors.cluster import WORKER_ENV
+from docintel.actors.cluster import WORKER_ENV
 
 OBJECT_STORE_BYTES = 256 * 1024 * 1024  # tiny corpora; keeps the test node's footprint small
 

@@ -20,10 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.audit import AuditSummary, run_audit
-from jobs.cli import app
-from pipeline.config import BUNDLED_CLASSIFIER, Config
-from pipeline.errors import ConfigError, InputError, UsageError
+from docintel.actors.runner import execute
+from docintel.jobs.cli import app
+from docintel.pipeline.artefacts import bundled_classifier_dir
+from docintel.pipeline.audit import AuditSummary, run_audit
+from docintel.pipeline.config import Config
+from docintel.pipeline.errors import ConfigError, InputError, RunFailed, UsageError
 from tests.conftest import REPO, assert_exactly_once, run_config, sigkill_after_parts, write_docs
 from tests.integration.test_s3 import (  # moto's S3 server on loopback and its helpers
     IN_BUCKET,
@@ -78,6 +80,20 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
     }
 
 
+def _execute_interrupted(
+    cfg: Config, input_uri: str, output_uri: str, on_start: Any = None, on_batch: Any = None
+) -> Any:
+    """The run function, failing as soon as its stage pools are up: the run's output is
+    opened (``_run.json``) and nothing is committed. (A layout that cannot start, such as
+    spill gpu-only without GPU replicas, now fails in the model checks, before the audit
+    stages anything.)"""
+
+    def interrupt(total: int, done: int) -> None:
+        raise RunFailed("run interrupted (test)")
+
+    return execute(cfg, input_uri, output_uri, interrupt, on_batch)
+
+
 @dataclass
 class Nights:
     source: Path
@@ -103,13 +119,13 @@ def nights(tmp_path_factory: pytest.TempPathFactory, headlines: list[str]) -> Ni
     _write(src / "a.parquet", a, _texts(headlines, 0, 10))
     _write(src / "b.parquet", b, b_texts)
     t0 = time.perf_counter()
-    s1 = run_audit(_cfg(), str(src), str(out), D1)
+    s1 = run_audit(_cfg(), str(src), str(out), D1, execute)
 
     _write(src / "c.parquet", c, _texts(headlines, 20, 5))
     b_texts[3] = b_texts[3] + " Shares fell sharply after the warning."
     _write(src / "b.parquet", b[:9], b_texts[:9], bump=5)  # b3 changed, b9 removed
-    s2 = run_audit(_cfg(), str(src), str(out), D2)
-    night3 = run_audit(_cfg(), str(src), str(out), D3)
+    s2 = run_audit(_cfg(), str(src), str(out), D2, execute)
+    night3 = run_audit(_cfg(), str(src), str(out), D3, execute)
     return Nights(src, out, a, b, c, s1, s2, night3, time.perf_counter() - t0)
 
 
@@ -183,14 +199,14 @@ def test_rerunning_a_completed_date_changes_nothing(nights: Nights, headlines: l
     # a change in the source after the night belongs to the next night, not to a rerun
     _write(nights.source / "late.parquet", ["z0"], _texts(headlines, 40, 1))
     try:
-        again = run_audit(_cfg(), str(nights.source), str(nights.out), D2)
+        again = run_audit(_cfg(), str(nights.source), str(nights.out), D2, execute)
         result = CliRunner().invoke(
             app,
             ["audit", "--source", str(nights.source), "--output", str(nights.out), "--date", D2],
         )
         where = ["--source", str(nights.source), "--output", str(nights.out), "--date", D2]
         job = subprocess.run(
-            [sys.executable, "-m", "jobs.nightly_audit", *where],
+            [sys.executable, "-m", "docintel.jobs.nightly_audit", *where],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -205,6 +221,11 @@ def test_rerunning_a_completed_date_changes_nothing(nights: Nights, headlines: l
         in job.stdout
     )
     assert again.already_complete
+    # ... but the rerun says what waits, and how to process it
+    waiting = "1 source file(s) holding 1 document(s) are new or changed since the audit"
+    assert any(waiting in note for note in again.notes), again.notes
+    assert "docintel audit --date 2026-01-03" in again.notes[-1]
+    assert f"docintel: note: {waiting}" in job.stdout
     assert (again.new, again.changed, again.documents) == (5, 1, 6)
     assert again.report == nights.s2.report
     assert result.exit_code == 0, result.output
@@ -213,21 +234,41 @@ def test_rerunning_a_completed_date_changes_nothing(nights: Nights, headlines: l
     assert _snapshot(nights.out) == before
 
 
+def test_two_audits_at_once_one_runs_the_other_is_refused(nights: Nights) -> None:
+    """The audit state is read, then rewritten whole: a second audit of the same root is
+    refused (exit 2) while one holds the _audit/ lease, and nothing of it is written."""
+    from docintel.pipeline.lease import Lease, LeaseHeld
+
+    before = _snapshot(nights.out)
+    fs = pads.dataset(str(nights.source)).filesystem
+    holder = Lease(fs, str(nights.out / "_audit"), _cfg().storage, "docintel audit 2026-01-04", 60)
+    with holder:
+        with pytest.raises(LeaseHeld, match="docintel audit 2026-01-04"):
+            run_audit(_cfg(), str(nights.source), str(nights.out), "2026-01-05", execute)
+        result = CliRunner().invoke(
+            app, ["audit", "--source", str(nights.source), "--output", str(nights.out),
+                  "--date", "2026-01-05"],
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+    after = _snapshot(nights.out)
+    assert after == before  # the refused audit wrote nothing (and the lease is gone)
+
+
 def test_usage_errors_name_what_to_fix(
     nights: Nights, tmp_path: Path, headlines: list[str]
 ) -> None:
     with pytest.raises(ConfigError, match="no audit source"):
-        run_audit(_cfg(), None, str(tmp_path / "o"), D1)
+        run_audit(_cfg(), None, str(tmp_path / "o"), D1, execute)
     with pytest.raises(ConfigError, match="YYYY-MM-DD"):
-        run_audit(_cfg(), str(nights.source), str(tmp_path / "o"), "2026-13-01")
+        run_audit(_cfg(), str(nights.source), str(tmp_path / "o"), "2026-13-01", execute)
     with pytest.raises(UsageError, match=f"reached {D3}"):
-        run_audit(_cfg(), str(nights.source), str(nights.out), "2025-12-31")
+        run_audit(_cfg(), str(nights.source), str(nights.out), "2025-12-31", execute)
     # duplicate ids across source files, both read: named with their files
     dup = tmp_path / "dup"
     _write(dup / "x.parquet", ["x0", "x1"], _texts(headlines, 0, 2))
     _write(dup / "y.parquet", ["x1", "y1"], _texts(headlines, 2, 2))
     with pytest.raises(InputError, match=r"'x1' x2 in .*x\.parquet, .*y\.parquet"):
-        run_audit(_cfg(), str(dup), str(tmp_path / "o"), D1)
+        run_audit(_cfg(), str(dup), str(tmp_path / "o"), D1, execute)
     assert not (tmp_path / "o" / "_audit" / "state.json").exists()
     # an id in a new file that an unchanged (unread) file still holds
     out = tmp_path / "copy"
@@ -235,7 +276,7 @@ def test_usage_errors_name_what_to_fix(
     _write(nights.source / "d.parquet", ["a0"], _texts(headlines, 40, 1))
     try:
         with pytest.raises(InputError, match=r"'a0' in .*d\.parquet and .*a\.parquet"):
-            run_audit(_cfg(), str(nights.source), str(out), "2026-01-04")
+            run_audit(_cfg(), str(nights.source), str(out), "2026-01-04", execute)
     finally:
         (nights.source / "d.parquet").unlink()
     result = CliRunner().invoke(app, ["audit", "--output", str(out), "--date", "2026-01-04"])
@@ -266,9 +307,9 @@ def test_model_change_reprocesses_every_document(nights: Nights, tmp_path: Path)
     out = tmp_path / "copy"
     shutil.copytree(nights.out, out)
     clf = tmp_path / "finsent-v2"  # same weights, another folder: another fingerprint
-    shutil.copytree(BUNDLED_CLASSIFIER, clf)
+    shutil.copytree(bundled_classifier_dir(), clf)
     cfg = _cfg(**{"classify.model_dir": str(clf)})
-    s = run_audit(cfg, str(nights.source), str(out), "2026-01-04")
+    s = run_audit(cfg, str(nights.source), str(out), "2026-01-04", execute)
     current = sorted(nights.a + nights.b[:9] + nights.c)
     assert s.models_changed and s.ran
     assert (s.new, s.changed, s.removed, s.unchanged, s.reprocessed) == (0, 0, 0, 0, 24)
@@ -290,13 +331,13 @@ def test_a_night_that_failed_is_finished_by_the_next_one(
     d4, d5 = "2026-01-04", "2026-01-05"
     _write(nights.source / "e.parquet", ["e0", "e1"], _texts(headlines, 40, 2))
     try:
-        # a layout that cannot start: the run fails after its input was staged
-        with pytest.raises(ConfigError, match="no GPU replicas"):
-            run_audit(_cfg(**{"run.spill": "gpu-only"}), str(nights.source), str(out), d4)
+        # the run fails after its input was staged and its output opened
+        with pytest.raises(RunFailed, match="interrupted"):
+            run_audit(_cfg(), str(nights.source), str(out), d4, _execute_interrupted)
         assert (out / "_audit" / "inputs" / f"run_date={d4}" / "_selection.json").is_file()
         assert (out / f"run_date={d4}" / "_run.json").is_file()
         assert json.loads((out / "_audit" / "state.json").read_text())["audits"][-1]["date"] == D3
-        s5 = run_audit(_cfg(), str(nights.source), str(out), d5)
+        s5 = run_audit(_cfg(), str(nights.source), str(out), d5, execute)
     finally:
         (nights.source / "e.parquet").unlink()
     assert s5.notes and s5.notes[0].startswith(f"finished the interrupted audit of {d4} first")
@@ -319,7 +360,15 @@ def test_sigkilled_audit_resumes_its_run_and_ends_consistent(
         f'[audit]\nsource = "{src}"\noutput = "{out}"\n'
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "-m", "jobs.nightly_audit", "--config", str(config), "--date", D1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "docintel.jobs.nightly_audit",
+        "--config",
+        str(config),
+        "--date",
+        D1,
+    ]
     parts = out / f"run_date={D1}" / "documents"
     done_before = sigkill_after_parts(cmd, parts, 3, env=env)
     assert 3 <= done_before < 20
@@ -328,7 +377,7 @@ def test_sigkilled_audit_resumes_its_run_and_ends_consistent(
     staged = out / "_audit" / "inputs" / f"run_date={D1}"
     staging_before = _snapshot(staged)
 
-    s = run_audit(_cfg(**{"run.batch_size": 2}), str(src), str(out), D1)
+    s = run_audit(_cfg(**{"run.batch_size": 2}), str(src), str(out), D1, execute)
     assert s.resumed and s.run.skipped_batches == done_before
     assert s.run.batches == 20 - done_before  # only the uncommitted batches were redone
     assert (s.new, s.documents) == (40, 40)
@@ -341,7 +390,7 @@ def test_sigkilled_audit_resumes_its_run_and_ends_consistent(
     assert pq.read_metadata(out / "_audit" / "doc_index.parquet").num_rows == 40
     report = json.loads((out / f"run_date={D1}" / "report.json").read_text())
     assert report["counts"]["documents"] == 40 and report["resumed_batches"] == done_before
-    nxt = run_audit(_cfg(), str(src), str(out), D2)
+    nxt = run_audit(_cfg(), str(src), str(out), D2, execute)
     assert not nxt.ran and nxt.unchanged == 40
 
 
@@ -355,7 +404,7 @@ def test_audit_on_s3_works_as_locally(request: pytest.FixtureRequest, headlines:
     _put_docs(client, IN_BUCKET, "audit/b.parquet", ids[5:], _texts(headlines, 5, 3))
     cfg = _cfg(**{"storage.s3_endpoint": endpoint})
     src, out = f"s3://{IN_BUCKET}/audit/", f"s3://{OUT_BUCKET}/audit"
-    s1 = run_audit(cfg, src, out, D1)
+    s1 = run_audit(cfg, src, out, D1, execute)
     assert (s1.new, s1.documents) == (8, 8) and s1.report == f"{out}/run_date={D1}/report.json"
     keys = set(_keys(client, OUT_BUCKET, "audit/"))
     assert {
@@ -378,8 +427,8 @@ def test_audit_on_s3_works_as_locally(request: pytest.FixtureRequest, headlines:
     assert stamp["mtime_ns"] is not None and stamp["size"] > 0
     time.sleep(1.1)  # S3 LastModified has whole seconds: the same bytes, put again later
     _put_docs(client, IN_BUCKET, "audit/a.parquet", ids[:5], _texts(headlines, 0, 5))
-    s2 = run_audit(cfg, src, out, D2)
+    s2 = run_audit(cfg, src, out, D2, execute)
     assert not s2.ran and (s2.new, s2.changed, s2.unchanged) == (0, 0, 8)
     assert state()["files"][f"{IN_BUCKET}/audit/a.parquet"] != stamp  # read, found unchanged
-    again = run_audit(cfg, src, out, D1)
+    again = run_audit(cfg, src, out, D1, execute)
     assert again.already_complete and again.documents == 8

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors.cluster import actor_name
-from jobs.run import execute
-from pipeline.config import Config
+from docintel.actors.cluster import actor_name
+from docintel.actors.runner import execute
+from docintel.pipeline.config import Config
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-import actors.cluster
-from jobs.run import execute
-from pipeline.config import Config, StorageConfig, load_config
-from pipeline.errors import InputError, OutputError, UsageError
-from pipeline.sink import resolve_output
-from pipeline.source import resolve_input
+import docintel.actors.cluster
+from docintel.actors.runner import execute
+from docintel.pipeline.config import Config, StorageConfig, load_config
+from docintel.pipeline.errors import InputError, OutputError, UsageError
+from docintel.pipeline.sink import resolve_output
+from docintel.pipeline.source import resolve_input
 
 # Test-only credentials, set when pytest imports this module: collection ends before any
 # test runs, so they are in place before the session's Ray starts (tests/integration/
@@ -251,7 +251,7 @@ def test_resume_on_s3_redoes_only_the_lost_batch(
         == before["sentences"].sort_values(key).label.tolist()
     )
     manifest = json.loads(manifest_text)
-    assert manifest["resumed_batches"] == 2 and len(manifest["committed_batches"]) == 3
+    assert manifest["resumed_batches"] == 2 and manifest["counts"]["batches"] == 3
     # the two resumed batches' backends are read back from their parts on S3
     assert {s: sum(c.values()) for s, c in manifest["backends"].items()} == {
         "sentencize": 3,
@@ -264,7 +264,7 @@ def test_resume_on_s3_redoes_only_the_lost_batch(
 def test_missing_input_bucket_is_a_usage_error_before_any_ray_work(
     s3_endpoint: str, s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.cluster, "ray_session", _no_ray)
+    monkeypatch.setattr(docintel.actors.cluster, "ray_session", _no_ray)
     with pytest.raises(InputError) as caught:
         execute(_cfg(s3_endpoint), "s3://no-such-bucket/corpus/", f"s3://{OUT_BUCKET}/never")
     assert isinstance(caught.value, UsageError)  # exit code 2
@@ -278,7 +278,7 @@ def test_missing_output_bucket_is_a_usage_error_before_any_ray_work(
     s3_endpoint: str, s3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _put_docs(s3, IN_BUCKET, "small/in.parquet", ["x", "y"], ["One.", "Two."])
-    monkeypatch.setattr(actors.cluster, "ray_session", _no_ray)
+    monkeypatch.setattr(docintel.actors.cluster, "ray_session", _no_ray)
     with pytest.raises(OutputError, match="bucket 'no-out-bucket' does not exist") as caught:
         execute(_cfg(s3_endpoint), f"s3://{IN_BUCKET}/small/", "s3://no-out-bucket/run")
     assert isinstance(caught.value, UsageError)
@@ -298,3 +298,48 @@ def test_access_denied_names_the_bucket_and_hides_the_secret(tmp_path: Path) -> 
         assert "access denied; check the AWS credentials" in msg
         assert f"bucket {bucket!r}" in msg
         assert SECRET not in msg
+
+
+def test_aws_endpoint_url_alone_reaches_an_s3_compatible_store(
+    s3_endpoint: str, s3: Any, s3_ray: None, headlines: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No [storage] s3_endpoint: AWS_ENDPOINT_URL, as every AWS SDK reads it, is enough;
+    the manifest records no endpoint credentials (there are none to record)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    ids = [f"e{i}" for i in range(6)]
+    _put_docs(s3, IN_BUCKET, "envcorpus/a.parquet", ids, headlines[:6])
+    cfg = load_config(None, {"run.batch_size": 4, "run.show_progress": False})
+    assert cfg.storage.s3_endpoint == ""
+    summary = execute(cfg, f"s3://{IN_BUCKET}/envcorpus/", f"s3://{OUT_BUCKET}/envrun/")
+    assert summary.documents == 6
+    _, manifest = _assert_exactly_once_s3(s3, s3_endpoint, OUT_BUCKET, "envrun", ids)
+    assert json.loads(manifest)["config"]["storage"]["s3_endpoint"] == ""
+    assert "@" not in json.loads(manifest)["input"]["uri"]
+
+
+def test_one_writer_per_s3_output_by_conditional_puts(
+    s3_endpoint: str, s3: Any, s3_ray: None, headlines: list[str]
+) -> None:
+    """A live writer's claim (If-None-Match PUT) refuses a second run before any work; a
+    stale claim of a crashed writer elsewhere is taken over (If-Match PUT)."""
+    from docintel.pipeline.lease import LEASE_FILE, Claim, Lease, LeaseHeld
+
+    ids = [f"l{i}" for i in range(5)]
+    _put_docs(s3, IN_BUCKET, "leasecorpus/a.parquet", ids, headlines[:5])
+    cfg = _cfg(s3_endpoint)
+    fs, root = resolve_output(f"s3://{OUT_BUCKET}/leased", cfg.storage)
+    holder = Lease(fs, root, cfg.storage, "docintel run elsewhere", ttl_s=60)
+    holder.acquire()
+    try:
+        with pytest.raises(LeaseHeld, match="docintel run elsewhere"):
+            execute(cfg, f"s3://{IN_BUCKET}/leasecorpus/", f"s3://{OUT_BUCKET}/leased/")
+        assert _keys(s3, OUT_BUCKET, "leased/") == [f"leased/{LEASE_FILE}"]  # nothing else
+    finally:
+        holder.release()
+    assert _keys(s3, OUT_BUCKET, "leased/") == []
+    stale = Claim("crashed.example:77:1:x", "docintel run crashed", "2026-11-30", time.time() - 5)
+    s3.put_object(Bucket=OUT_BUCKET, Key=f"leased/{LEASE_FILE}", Body=stale.encode())
+    summary = execute(cfg, f"s3://{IN_BUCKET}/leasecorpus/", f"s3://{OUT_BUCKET}/leased/")
+    assert summary.documents == 5
+    _assert_exactly_once_s3(s3, s3_endpoint, OUT_BUCKET, "leased", ids)
+    assert f"leased/{LEASE_FILE}" not in _keys(s3, OUT_BUCKET, "leased/")  # released

@@ -31,12 +31,12 @@ import pytest
 import ray
 from typing_extensions import override
 
-import actors.cluster
-import actors.executor
-from jobs.run import execute
-from pipeline.config import Config, StorageConfig, load_config
-from pipeline.errors import InputError, UsageError
-from pipeline.storage import s3_filesystem
+import docintel.actors.cluster
+import docintel.actors.executor
+from docintel.actors.runner import execute
+from docintel.pipeline.config import Config, StorageConfig, load_config
+from docintel.pipeline.errors import InputError, UsageError
+from docintel.pipeline.storage import s3_filesystem
 
 # Importing test_s3 puts its test-only AWS credentials into os.environ while pytest collects,
 # before any test (and so before the session's ray.init) runs: Ray workers inherit them.
@@ -359,7 +359,7 @@ def _put_docs(s3: Any, key: str, ids: list[str], texts: list[str], row_group_siz
 
 def _mark_phases(proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     """Label the proxy's exchanges: driver checks, Ray work (workers only), commit."""
-    original = actors.cluster.ray_session
+    original = docintel.actors.cluster.ray_session
 
     @contextlib.contextmanager
     def marked(cfg: Config) -> Iterator[None]:
@@ -368,7 +368,7 @@ def _mark_phases(proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
             yield
         proxy.phase = "commit"
 
-    monkeypatch.setattr(actors.cluster, "ray_session", marked)
+    monkeypatch.setattr(docintel.actors.cluster, "ray_session", marked)
 
 
 def _no_ray(*args: object, **kwargs: object) -> None:
@@ -390,7 +390,7 @@ def test_transient_s3_faults_are_retried_and_nothing_is_lost(
     _mark_phases(flaky, monkeypatch)
     # A batch whose read or write fails is otherwise re-run from its read: that would
     # hide an S3 error the client gave up on. Here any such error fails the run.
-    monkeypatch.setattr(actors.executor, "MAX_BATCH_ATTEMPTS", 1)
+    monkeypatch.setattr(docintel.actors.executor, "MAX_BATCH_ATTEMPTS", 1)
 
     t0 = time.perf_counter()
     summary = execute(
@@ -451,7 +451,7 @@ def test_throttled_small_ranged_read_is_retried(moto: str, s3: Any) -> None:
 def test_access_denied_fails_fast_before_ray_work(
     s3: Any, denying: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.cluster, "ray_session", _no_ray)
+    monkeypatch.setattr(docintel.actors.cluster, "ray_session", _no_ray)
     t0 = time.perf_counter()
     with pytest.raises(InputError) as caught:
         execute(_cfg(denying.endpoint), f"s3://{IN_BUCKET}/corpus/", f"s3://{OUT_BUCKET}/never")

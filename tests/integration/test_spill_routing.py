@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from jobs.run import execute
-from pipeline.config import Config
+from docintel.actors.runner import execute
+from docintel.pipeline.config import Config
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -53,7 +53,7 @@ def _run(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, float], dict[str, dict[str, int]]]:
     """Execute; return the executor's per-replica stats, driver hold times, and backends."""
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="actors.executor"):
+    with caplog.at_level(logging.INFO, logger="docintel.actors.executor"):
         execute(cfg, str(inp), str(out))
     records = [r for r in caplog.records if hasattr(r, "replicas")]
     assert len(records) == 1, "the executor logs one dispatch record per run"

@@ -72,7 +72,7 @@ class RayHead:
 
 def plain_env() -> dict[str, str]:
     """This environment without any Ray address or token settings; wide output; this
-    venv first on PATH (the job's `python -m jobs.batch` must be this venv's python, as
+    venv first on PATH (the job's `python -m docintel.jobs.batch` must be this venv's python, as
     on an image with docintel installed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(COLUMNS="200", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")

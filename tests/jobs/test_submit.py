@@ -1,4 +1,4 @@
-"""`docintel submit / status / logs` and `python -m jobs.batch` against a real Ray head.
+"""`docintel submit / status / logs` and `python -m docintel.jobs.batch` against a real Ray head.
 
 One head (`ray start --head`, 2 CPUs) serves the module; every command runs as the
 installed `docintel` script in a subprocess, the way a user runs it. The default stage
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -18,14 +19,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.submit import (
+from docintel.jobs.submit import (
     JOB_CONFIG_NAME,
     check_request,
     exit_code,
     failure_reason,
     stage_working_dir,
 )
-from pipeline.errors import UsageError
+from docintel.pipeline.errors import UsageError
 from tests.conftest import REPO, assert_exactly_once, write_docs
 from tests.jobs.conftest import BIN, RayHead, docintel, free_ports, plain_env
 
@@ -83,7 +84,7 @@ def test_help_has_examples() -> None:
         assert opt in helps["submit"].stdout
     assert "--working-dir" in helps["submit"].stdout and "--follow" in helps["logs"].stdout
     r = subprocess.run(
-        [str(BIN / "python"), "-m", "jobs.batch", "--help"],
+        [str(BIN / "python"), "-m", "docintel.jobs.batch", "--help"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -154,7 +155,7 @@ def test_no_wait_then_status_and_logs(ray_head: RayHead, completed_run: Complete
     while True:
         s = docintel("status", job_id, "--address", ray_head.address, env=ray_head.env)
         assert s.returncode == 0, s.stdout + s.stderr  # pending, running or succeeded
-        assert "python -m jobs.batch --config job.toml" in s.stdout
+        assert "python -m docintel.jobs.batch --config job.toml" in s.stdout
         if "SUCCEEDED" in s.stdout:
             break
         assert time.monotonic() < deadline, s.stdout
@@ -187,7 +188,7 @@ def test_job_level_env_vars_merge_with_the_pipelines(ray_head: RayHead, tmp_path
         [
             str(BIN / "ray"), "job", "submit", "--address", ray_head.address,
             "--runtime-env-json", json.dumps(runtime_env),
-            "--", "python", "-m", "jobs.batch", "--config", JOB_CONFIG_NAME,
+            "--", "python", "-m", "docintel.jobs.batch", "--config", JOB_CONFIG_NAME,
         ],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ray_head.env,
         check=False,
@@ -248,7 +249,7 @@ def test_bad_job_config_exits_2_before_contacting_the_cluster(tmp_path: Path) ->
         assert address not in r.stderr, name
     # the entrypoint itself, without input: exit 2 naming the flag and the config key
     r = subprocess.run(
-        [str(BIN / "python"), "-m", "jobs.batch", "--output", str(tmp_path / "o")],
+        [str(BIN / "python"), "-m", "docintel.jobs.batch", "--output", str(tmp_path / "o")],
         capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
@@ -256,30 +257,49 @@ def test_bad_job_config_exits_2_before_contacting_the_cluster(tmp_path: Path) ->
 
 
 def test_working_dir_staging(tmp_path: Path) -> None:
-    """--working-dir ships the source without venvs, VCS data, outputs, int8 or caches;
-    the config always travels as job.toml."""
+    """--working-dir ships the source without secrets, venvs, VCS data, outputs, int8,
+    caches or what .gitignore lists; the config always travels as job.toml; the code
+    folders are laid out as the docintel.* namespace."""
     src = tmp_path / "project"
+    outside = tmp_path / "secret-elsewhere.txt"
+    outside.write_text("not yours")
     for rel in (
         "pipeline/config.py", "models/finsent/model.keras", "models/int8/abc/model.onnx",
         ".venv/bin/python", ".git/HEAD", "demo-out/_manifest.json", "jobs/__pycache__/x.pyc",
         "docintel.egg-info/PKG-INFO", "data/demo/documents.parquet",
+        ".env", "deploy/.env.prod", "certs/server.pem", ".aws/credentials", "id_rsa",
+        "scratch/big.bin", "notes/keep.md",
     ):  # fmt: skip
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(rel)
+    (src / ".gitignore").write_text("scratch/\n")
+    (src / "data" / "link-out.txt").symlink_to(outside)
     config = write_config(tmp_path / "mine.toml", "s3://corpus/x", "s3://results/y")
+    with pytest.raises(UsageError, match="not a docintel source folder"):
+        stage_working_dir(check_request(config, None, None, None, src), tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+    shutil.copyfile(REPO / "pyproject.toml", src / "pyproject.toml")
     req = check_request(config, None, None, "r1", src)
-    assert req.entrypoint == "python -m jobs.batch --config job.toml --run-id r1"
+    assert req.entrypoint == "python -m docintel.jobs.batch --config job.toml --run-id r1"
     staged = stage_working_dir(req, tmp_path / "staged")
-    shipped = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
+    shipped = {p.relative_to(staged.path).as_posix() for p in staged.path.rglob("*") if p.is_file()}
     assert shipped == {
-        "pipeline/config.py",
-        "models/finsent/model.keras",
+        "pyproject.toml",
+        ".gitignore",
+        "docintel/pipeline/config.py",
+        "docintel/models/finsent/model.keras",
         "data/demo/documents.parquet",
+        "notes/keep.md",
         JOB_CONFIG_NAME,
     }
-    assert (staged / JOB_CONFIG_NAME).read_text() == config.read_text()
+    assert staged.files == len(shipped) - 1  # job.toml is added, not shipped from the folder
+    for secret in (".env", "deploy/.env.prod", "certs/server.pem", ".aws/", "id_rsa"):
+        assert secret in staged.left_out, (secret, staged.left_out)
+    assert "data/link-out.txt" in staged.left_out and "scratch/" in staged.left_out
+    assert "files" in staged.describe() and "left out" in staged.describe()
+    assert (staged.path / JOB_CONFIG_NAME).read_text() == config.read_text()
     bare = stage_working_dir(check_request(config, None, None, None, None), tmp_path / "bare")
-    assert [p.name for p in bare.iterdir()] == [JOB_CONFIG_NAME]
+    assert [p.name for p in bare.path.iterdir()] == [JOB_CONFIG_NAME]
     with pytest.raises(UsageError, match="relative path"):
         check_request(None, "in.parquet", "/abs/out", None, None)
     # relative paths are fine with --working-dir: they are relative to the shipped folder
@@ -292,7 +312,7 @@ def test_exit_codes_and_reasons_mirror_the_job() -> None:
     def job(status: str, code: int | None = None, message: str | None = None) -> JobDetails:
         return JobDetails(
             type="SUBMISSION", job_id="02000000", submission_id="raysubmit_x",
-            entrypoint="python -m jobs.batch", status=status, driver_exit_code=code,
+            entrypoint="python -m docintel.jobs.batch", status=status, driver_exit_code=code,
             message=message,
         )  # fmt: skip
 

@@ -18,13 +18,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from pipeline.batch import Batch
-from pipeline.config import (
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.config import (
     ClassifyConfig,
     EmbedConfig,
     SentencizeConfig,
 )
-from pipeline.schema import DOC_ID, TEXT
+from docintel.pipeline.schema import DOC_ID, TEXT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SENT_VALID = REPO_ROOT / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
@@ -33,7 +33,7 @@ FINSENT_DIR = REPO_ROOT / "models" / "finsent"
 
 @pytest.fixture(scope="session")
 def sentencizer() -> Iterator:
-    from pipeline.stages.sentencize import Sentencizer
+    from docintel.pipeline.stages.sentencize import Sentencizer
 
     stage = Sentencizer(SentencizeConfig())
     stage.setup()
@@ -43,7 +43,7 @@ def sentencizer() -> Iterator:
 
 @pytest.fixture(scope="session")
 def embedder() -> Iterator:
-    from pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.embed import Embedder
 
     stage = Embedder(EmbedConfig())
     stage.setup()
@@ -53,7 +53,7 @@ def embedder() -> Iterator:
 
 @pytest.fixture(scope="session")
 def classifier() -> Iterator:
-    from pipeline.stages.classify import Classifier
+    from docintel.pipeline.stages.classify import Classifier
 
     stage = Classifier(ClassifyConfig())
     stage.setup()

@@ -11,13 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import ClassifyConfig
-from pipeline.errors import ModelError
-from pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE, TEXT
-from pipeline.stages.classify import (
-    LABELS_FILE,
-    MODEL_FILE,
-    TRAINING_FILE,
+from docintel.pipeline.artefacts import CLASSIFIER_MODEL_FILE, LABELS_FILE, TRAINING_FILE
+from docintel.pipeline.config import ClassifyConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE, TEXT
+from docintel.pipeline.stages.classify import (
     Classifier,
     Int8Classifier,
     read_classifier_meta,
@@ -68,13 +66,13 @@ def test_empty_table(classifier, embedder):
 def _copy_model_dir(tmp_path, skip: str | None = None):
     folder = tmp_path / "clf"
     folder.mkdir()
-    for name in (MODEL_FILE, LABELS_FILE, TRAINING_FILE):
+    for name in (CLASSIFIER_MODEL_FILE, LABELS_FILE, TRAINING_FILE):
         if name != skip:
             shutil.copy(FINSENT_DIR / name, folder / name)
     return folder
 
 
-@pytest.mark.parametrize("missing", [MODEL_FILE, LABELS_FILE])
+@pytest.mark.parametrize("missing", [CLASSIFIER_MODEL_FILE, LABELS_FILE])
 def test_missing_file_raises_model_error_naming_it(tmp_path, missing):
     folder = _copy_model_dir(tmp_path, skip=missing)
     with pytest.raises(ModelError, match=re.escape(missing)) as exc:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import DEFAULT_BATCH_SIZE, Config, load_config
-from pipeline.errors import ConfigError
+from docintel.pipeline.config import DEFAULT_BATCH_SIZE, Config, load_config
+from docintel.pipeline.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docintel.example.toml"
 

@@ -12,14 +12,14 @@ import math
 
 import pytest
 
-from pipeline.dispatch import EWMA_ALPHA, Dispatcher, Replica
+from docintel.pipeline.dispatch import EWMA_ALPHA, Dispatcher, Replica
 
 GPU_S = 1.5  # a slowed GPU replica (the spill bench's 1 s sleep + fp32 compute)
 CPU_S = 0.2  # an int8 CPU replica
 
 
 def _pool(n: int = 3, slots: int = 2, stage: str = "embed") -> list[Replica]:
-    return [Replica(stage=stage, index=i, backend="cpu", max_in_flight=slots) for i in range(n)]
+    return [Replica(stage=stage, index=i, pool="cpu", max_in_flight=slots) for i in range(n)]
 
 
 def _mixed(gpu_slots: int = 2, cpu_slots: int = 2, cpus: int = 1) -> Dispatcher:
@@ -30,7 +30,7 @@ def _mixed(gpu_slots: int = 2, cpu_slots: int = 2, cpus: int = 1) -> Dispatcher:
 def _measured(d: Dispatcher, gpu_s: float = GPU_S, cpu_s: float = CPU_S) -> None:
     """Give every replica a service-time estimate, as after a first call each."""
     for r in d.pools["embed"]:
-        r.service_s = gpu_s if r.backend == "gpu" else cpu_s
+        r.service_s = gpu_s if r.pool == "gpu" else cpu_s
 
 
 # --- slots (unchanged from the slot-only policy while nothing is measured) -------------
@@ -194,7 +194,7 @@ def test_wait_counts_the_running_call_and_the_queue():
 def test_an_idle_gpu_takes_the_batch_however_slow_it_is():
     d = _mixed()
     _measured(d, gpu_s=10.0, cpu_s=0.01)
-    assert d.acquire("embed", 0.0).backend == "gpu"
+    assert d.acquire("embed", 0.0).pool == "gpu"
 
 
 def test_an_overdue_gpu_call_does_not_attract_a_queued_batch():
@@ -202,7 +202,7 @@ def test_an_overdue_gpu_call_does_not_attract_a_queued_batch():
     _measured(d)
     gpu = d.acquire("embed", 0.0)
     cpu = d.acquire("embed", 0.0)
-    assert (gpu.backend, cpu.backend) == ("gpu", "cpu")
+    assert (gpu.pool, cpu.pool) == ("gpu", "cpu")
     d.release(cpu, 0.2)
     # 3 s into a call expected to take 1.5 s: not "about to finish", so the CPU takes it
     assert d.acquire("embed", 3.0) is cpu
@@ -214,10 +214,10 @@ def test_a_busy_gpu_is_saturated_when_a_cpu_replica_would_finish_first():
     d = _mixed()
     _measured(d)
     gpu = d.acquire("embed", 0.0)
-    assert gpu.backend == "gpu"
+    assert gpu.pool == "gpu"
     # the GPU has a free slot, but the batch would wait 1.5 s there; the CPU takes 0.2 s
     spilled = d.acquire("embed", 0.0)
-    assert spilled.backend == "cpu"
+    assert spilled.pool == "cpu"
     assert gpu.in_flight == 1  # nothing parked behind the GPU call while the CPU is free
     # the GPU call is 1.4 s in: 0.1 s left, sooner than the CPU replica (0.2 queued + 0.2)
     assert d.acquire("embed", 1.4) is gpu
@@ -228,7 +228,7 @@ def test_saturated_gpu_and_full_cpu_means_wait_then_either_pool_takes_it():
     _measured(d)
     gpu = d.acquire("embed", 0.0)
     cpu = d.acquire("embed", 0.0)
-    assert (gpu.backend, cpu.backend) == ("gpu", "cpu")
+    assert (gpu.pool, cpu.pool) == ("gpu", "cpu")
     assert d.acquire("embed", 0.1) is None  # GPU queue 1.4 s > CPU's 0.1 + 0.2: wait
     d.release(cpu, 0.2)
     assert d.acquire("embed", 0.2) is cpu  # the CPU slot freed: spill
@@ -252,7 +252,7 @@ def test_the_least_delayed_gpu_replica_is_chosen():
     d = Dispatcher({"embed": [*gpus, cpu]})
     assert d.acquire("embed", 0.0) is gpus[0]
     assert d.acquire("embed", 0.0) is gpus[1]  # the idle GPU before any queue
-    assert d.acquire("embed", 0.1).backend == "cpu"  # both GPUs busy for 1.4 s more
+    assert d.acquire("embed", 0.1).pool == "cpu"  # both GPUs busy for 1.4 s more
     assert d.acquire("embed", 1.45) is gpus[0]  # 0.05 s left < the CPU's 0.2 + 0.2
 
 
@@ -263,7 +263,7 @@ def _simulate(d: Dispatcher, stage: str, batches: int, admit: int, service: dict
     """Play ``batches`` calls through ``d`` on FIFO replicas with fixed service times.
 
     At most ``admit`` batches are in flight (submitted and unfinished); the driver acts
-    only when a call finishes, as the executor does. Returns (makespan, calls per backend).
+    only when a call finishes, as the executor does. Returns (makespan, calls per pool).
     """
     now = 0.0
     todo = batches
@@ -275,16 +275,16 @@ def _simulate(d: Dispatcher, stage: str, batches: int, admit: int, service: dict
             r = d.acquire(stage, now)
             if r is None:
                 break
-            finish = max(now, free_at.get(r.key, -math.inf)) + service[r.backend]
+            finish = max(now, free_at.get(r.key, -math.inf)) + service[r.pool]
             free_at[r.key] = finish
             heapq.heappush(events, (finish, next(seq), r))
             todo -= 1
         now, _, r = heapq.heappop(events)
         d.release(r, now)
-    backends = {"gpu": 0, "cpu": 0}
+    per_pool = {"gpu": 0, "cpu": 0}
     for r in d.pools[stage]:
-        backends[r.backend] += r.calls
-    return now, backends
+        per_pool[r.pool] += r.calls
+    return now, per_pool
 
 
 def test_simulated_saturation_serves_about_the_sum_of_both_pools():

@@ -13,10 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import EmbedConfig
-from pipeline.errors import ModelError
-from pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
-from pipeline.stages.embed import Embedder, check_encoder_dir, embedding_dim, pack_by_length
+from docintel.pipeline.config import EmbedConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
+from docintel.pipeline.stages.embed import (
+    Embedder,
+    check_encoder_dir,
+    embedding_dim,
+    pack_by_length,
+)
 
 DIM = 384
 LONG_SENTENCE = " ".join(f"revenue{i % 7} rose by {i} percent" for i in range(120))
@@ -178,3 +183,28 @@ def test_embedding_dim_reads_config(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\0" * 16)
     with pytest.raises(ModelError, match="hidden_size"):
         embedding_dim(folder)
+
+
+def test_huge_sentences_are_cut_before_tokenizing_and_flagged(embedder):
+    """A 1,000,000-character "sentence" is not tokenized whole: it is cut to
+    max_length x MAX_CHARS_PER_TOKEN characters first, and flagged truncated."""
+    from docintel.pipeline.stages import embed as embed_mod
+
+    huge = "growth " * 142_858  # 1,000,006 chars
+    out = embedder(pa.table({TEXT: [huge, "Shares rose."]}))
+    assert out[TRUNCATED].to_pylist() == [True, False]
+    assert out[N_TOKENS].to_pylist()[0] == EmbedConfig().max_length
+    assert EmbedConfig().max_length * embed_mod.MAX_CHARS_PER_TOKEN < len(huge)
+
+
+def test_encoding_in_chunks_gives_the_same_embeddings(embedder, valid_texts, monkeypatch):
+    from docintel.pipeline.stages import embed as embed_mod
+
+    texts = valid_texts[:9]
+    whole = embedder(pa.table({TEXT: texts}))
+    monkeypatch.setattr(embed_mod, "ENCODE_CHUNK", 4)  # three tokenizer calls
+    chunked = embedder(pa.table({TEXT: texts}))
+    a = np.array(whole[EMBEDDING].to_pylist())
+    b = np.array(chunked[EMBEDDING].to_pylist())
+    assert np.allclose(a, b, atol=1e-5)
+    assert whole[N_TOKENS].to_pylist() == chunked[N_TOKENS].to_pylist()

@@ -6,6 +6,12 @@ tag, or a cluster too small for the shipped stage layout would otherwise first s
 a cluster at 2 a.m. Each check reads the files the way their tool would (PyYAML, Ray's own
 launcher schema, configparser for systemd, the project's config loader and layout check)
 and compares them with the one source of versions, pyproject.toml.
+
+The security settings are checked the same way, on the parsed YAML: token authentication
+on every Ray process and submitter, the NetworkPolicies, each container's
+securityContext, workload identity instead of AWS keys, no secret on a command line,
+images by digest (or the documented pin procedure), the launcher's AMI and auth. A
+manifest edit that drops one of them fails here, not in a security review.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import pytest
 import ray.autoscaler
 import yaml
 
-from actors.resources import check_layout
-from pipeline.config import (
+from docintel.actors.resources import check_layout
+from docintel.pipeline.config import (
     CLASSIFY_GPU,
     EMBED_GPU,
     SENTENCIZE_GPU,
@@ -36,7 +42,7 @@ from pipeline.config import (
     FaultsConfig,
     load_config,
 )
-from pipeline.errors import ConfigError
+from docintel.pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -48,6 +54,17 @@ README = INFRA / "README.md"
 CONFIG_DIR = INFRA / "config"
 CONFIG_MOUNT = "/etc/docintel"
 FLAVORS = ("cpu", "cuda")
+SERVICE_ACCOUNTS = KUBERAY / "serviceaccounts.yaml"
+NETWORK_POLICIES = KUBERAY / "networkpolicy.yaml"
+TOKEN_SECRET = "docintel-ray-auth"  # the Secret holding Ray's token, key auth_token
+TOKEN_KEY = "auth_token"  # the key KubeRay's authOptions.secretName expects
+RAY_CLUSTER_LABEL = "docintel/ray-cluster"  # on every Ray pod template: <cluster>
+SUBMITTER_LABEL = "docintel/ray-submitter"  # on every submitter pod template: "true"
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
+RAY_USER = 1000  # the rayproject image's `ray` user
+DASHBOARD_PORT = 8265
+# A digest suffix an image reference may carry after its documented tag.
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 
@@ -283,6 +300,11 @@ def _image_for(flavor: str) -> str:
     return DOCKERFILES[flavor].documented_image
 
 
+def _tag_part(image: str) -> str:
+    """The image reference without a trailing ``@sha256:<digest>`` pin."""
+    return DIGEST.sub("", image)
+
+
 # --- every file parses -----------------------------------------------------------------
 
 
@@ -294,6 +316,8 @@ def test_the_deploy_files_exist() -> None:
         "kuberay/rayjob.yaml",
         "kuberay/cronjob-audit.yaml",
         "kuberay/configmap.yaml",
+        "kuberay/serviceaccounts.yaml",
+        "kuberay/networkpolicy.yaml",
         "ray-cluster-launcher.yaml",
         "systemd/docintel-audit.service",
         "systemd/docintel-audit.timer",
@@ -332,12 +356,13 @@ def test_dockerfile_pins_match_pyproject(flavor: str) -> None:
     assert df.args["RAY_VERSION"] == RAY, f"Dockerfile.{flavor} RAY_VERSION vs pyproject"
     assert df.args["TORCH_VERSION"] == TORCH, f"Dockerfile.{flavor} TORCH_VERSION vs pyproject"
     assert df.args["DOCINTEL_VERSION"] == VERSION, f"Dockerfile.{flavor} DOCINTEL_VERSION"
+    base = _tag_part(df.base)  # a RAY_BASE_DIGEST default would pin it further
     if flavor == "cpu":
-        assert df.base == f"rayproject/ray:{RAY}-{PY_TAG}-cpu"
+        assert base == f"rayproject/ray:{RAY}-{PY_TAG}-cpu"
         assert df.args["TORCH_INDEX_URL"].endswith("/cpu")
     else:
-        m = re.fullmatch(rf"rayproject/ray:{re.escape(RAY)}-{PY_TAG}-(cu\d+)", df.base)
-        assert m, f"Dockerfile.cuda base {df.base!r} is not Ray {RAY}'s {PY_TAG} CUDA image"
+        m = re.fullmatch(rf"rayproject/ray:{re.escape(RAY)}-{PY_TAG}-(cu\d+)", base)
+        assert m, f"Dockerfile.cuda base {base!r} is not Ray {RAY}'s {PY_TAG} CUDA image"
         assert df.args["TORCH_INDEX_URL"].endswith("/" + m.group(1)), "torch CUDA != base CUDA"
     # The documented tag is <project version>-ray<Ray>-<flavor>, and the label says so too.
     image = df.documented_image
@@ -350,13 +375,15 @@ def test_dockerfile_pins_match_pyproject(flavor: str) -> None:
 def test_dockerfile_installs_at_build_time_and_quantizes(flavor: str) -> None:
     df = DOCKERFILES[flavor]
     runs = df.all("RUN")
-    install = next(i for i, r in enumerate(runs) if re.search(r"pip install .*-e \.", r))
+    # a regular install (not editable): the docintel.* namespace and its package data
+    install = next(i for i, r in enumerate(runs) if re.search(r"pip install [^&]* \.( |$)", r))
+    assert not any(re.search(r"pip install .*-e \.", r) for r in runs), "editable install"
     quantize = [i for i, r in enumerate(runs) if "docintel quantize" in r]
     assert quantize, f"Dockerfile.{flavor} does not build the int8 encoder"
     assert quantize[0] > install, "docintel quantize must run after docintel is installed"
     assert "--out" not in runs[quantize[0]], "the artefact must land at the default path"
     env = " ".join(df.all("ENV"))
-    for var in ("HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"):
+    for var in ("HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "DOCINTEL_CACHE_DIR=/"):
         assert var in env, f"Dockerfile.{flavor} does not set {var}"
     # `ray up` starts containers as `docker run IMAGE bash`: an ENTRYPOINT would break it.
     assert not df.all("ENTRYPOINT"), f"Dockerfile.{flavor} must not set an ENTRYPOINT"
@@ -390,7 +417,9 @@ def test_every_image_is_a_documented_docintel_image_of_the_right_flavor() -> Non
             for key, value in _walk(doc):
                 if key in IMAGE_KEYS and isinstance(value, str):
                     seen.append(value)
-                    assert value in documented, f"{_rel(path)} uses undocumented image {value}"
+                    # the documented tag, optionally pinned by digest (infra/README.md)
+                    image = _tag_part(value)
+                    assert image in documented, f"{_rel(path)} uses undocumented image {value}"
     assert len(seen) >= 8
     # Containers holding a GPU run the CUDA image; all others the CPU image.
     for obj in _kube_objects():
@@ -398,7 +427,7 @@ def test_every_image_is_a_documented_docintel_image_of_the_right_flavor() -> Non
             if key == "containers" and isinstance(value, list):
                 for c in value:
                     want = _image_for("cuda" if _is_gpu(c) else "cpu")
-                    assert c["image"] == want, f"{obj['kind']} container {c['name']}"
+                    assert _tag_part(c["image"]) == want, f"{obj['kind']} container {c['name']}"
 
 
 def test_ray_version_everywhere_equals_the_pyproject_pin() -> None:
@@ -463,8 +492,6 @@ def test_cluster_shape(kind: str) -> None:
             res = c["resources"]
             for part in ("requests", "limits"):
                 assert {"cpu", "memory"} <= res[part].keys(), f"{c['name']} {part}"
-            secrets = [e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e]
-            assert secrets == ["docintel-aws"], f"{kind} {c['name']}: AWS credentials Secret"
         assert {"job.toml", "audit.toml"} <= _mounted_config(group).keys()
     for group in groups:
         assert 1 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
@@ -494,7 +521,7 @@ def test_configmap_is_infra_config_verbatim() -> None:
 
 def test_rayjob_runs_the_batch_job_and_cleans_up() -> None:
     job = _one("RayJob")["spec"]
-    assert job["entrypoint"] == f"python -m jobs.batch --config {CONFIG_MOUNT}/job.toml"
+    assert job["entrypoint"] == f"python -m docintel.jobs.batch --config {CONFIG_MOUNT}/job.toml"
     assert job["shutdownAfterJobFinishes"] is True
     assert isinstance(job["ttlSecondsAfterFinished"], int)
     assert "job.toml" in _mounted_config(job["rayClusterSpec"]["headGroupSpec"])
@@ -516,7 +543,7 @@ def test_cronjob_submits_the_audit_to_the_raycluster_head() -> None:
     head = cluster["spec"]["headGroupSpec"]
     assert "ray job submit" in command
     assert f"--address http://{cluster['metadata']['name']}-head-svc:8265" in command
-    assert f"python -m jobs.nightly_audit --config {CONFIG_MOUNT}/audit.toml" in command
+    assert f"python -m docintel.jobs.nightly_audit --config {CONFIG_MOUNT}/audit.toml" in command
     assert "audit.toml" in _mounted_config(head), "the driver runs on the head pod"
 
 
@@ -527,7 +554,7 @@ def test_no_credentials_or_runtime_installs_in_any_manifest() -> None:
         for doc in _docs(path):
             assert doc.get("kind") != "Secret", f"{_rel(path)}: Secrets are created, not kept"
             for key, value in _walk(doc):
-                if key == "env":
+                if key == "env" and isinstance(value, list):  # items inherit the key too
                     for e in value:
                         if re.search(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", e["name"]):
                             assert "value" not in e, f"{_rel(path)}: literal {e['name']}"
@@ -535,6 +562,265 @@ def test_no_credentials_or_runtime_installs_in_any_manifest() -> None:
                     assert "pip" not in value, f"{_rel(path)}: pip at run time"
         for command in _yaml_commands(path):
             assert "pip install" not in command, f"{_rel(path)}: installs at run time"
+
+
+# --- KubeRay: security -----------------------------------------------------------------
+
+
+@dataclass
+class Pod:
+    """A pod template of the manifests, with the labels its pods will carry."""
+
+    where: str  # e.g. "RayCluster gpu", "RayJob submitter"
+    spec: dict[str, Any]  # the PodSpec
+    labels: dict[str, str]
+    role: str  # "head", "worker" or "submitter"
+    cluster: str = ""  # the docintel/ray-cluster label of a Ray pod
+
+
+def _ray_pods() -> list[Pod]:
+    """Heads and workers of the RayCluster and of the RayJob's cluster. KubeRay adds
+    ray.io/node-type to the template's labels; the NetworkPolicies select on it."""
+    pods = []
+    for kind, spec in _cluster_specs():
+        groups = [("head", "head", spec["headGroupSpec"])]
+        groups += [("worker", g["groupName"], g) for g in spec["workerGroupSpecs"]]
+        for role, name, group in groups:
+            labels = dict(group["template"].get("metadata", {}).get("labels", {}))
+            cluster = labels.get(RAY_CLUSTER_LABEL, "")
+            labels["ray.io/node-type"] = role
+            pods.append(Pod(f"{kind} {name}", group["template"]["spec"], labels, role, cluster))
+    return pods
+
+
+def _submitter_pods() -> list[Pod]:
+    """The pods that only call the Jobs API: the CronJob's and the RayJob's submitter."""
+    cron = _one("CronJob")["spec"]["jobTemplate"]["spec"]["template"]
+    rayjob = _one("RayJob")["spec"]
+    assert "submitterPodTemplate" in rayjob, "the RayJob's submitter pod must be configured"
+    return [
+        Pod(where, t["spec"], dict(t.get("metadata", {}).get("labels", {})), "submitter")
+        for where, t in [("CronJob", cron), ("RayJob submitter", rayjob["submitterPodTemplate"])]
+    ]
+
+
+def _containers(pod: Pod) -> list[dict[str, Any]]:
+    return [*pod.spec.get("initContainers", []), *pod.spec["containers"]]
+
+
+def _every_pod_spec() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every PodSpec anywhere under infra/kuberay, whatever object holds it."""
+    for obj in _kube_objects():
+        for _, node in _walk(obj):
+            if isinstance(node, dict) and isinstance(node.get("containers"), list):
+                yield f"{obj['kind']} {obj['metadata']['name']}", node
+
+
+def _autoscaler() -> dict[str, Any]:
+    """The RayCluster's autoscalerOptions: KubeRay builds the sidecar container from them."""
+    spec = _one("RayCluster")["spec"]
+    assert spec.get("enableInTreeAutoscaling"), "the RayCluster autoscales"
+    return spec["autoscalerOptions"]
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        present = key in labels
+        if (
+            (op == "Exists" and not present)
+            or (op == "DoesNotExist" and present)
+            or (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and labels.get(key) in values)
+        ):
+            return False
+    return True
+
+
+def _policies() -> list[dict[str, Any]]:
+    return [d for d in _kube_objects() if d["kind"] == "NetworkPolicy"]
+
+
+def _service_accounts() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _kube_objects() if d["kind"] == "ServiceAccount"}
+
+
+def test_both_clusters_use_ray_token_auth_from_the_shared_secret() -> None:
+    """authOptions: KubeRay's operator then authenticates its own Jobs API calls (a
+    RayJob's status) and adds the token to the containers it injects."""
+    for kind, spec in _cluster_specs():
+        auth = spec.get("authOptions", {})
+        assert auth.get("mode") == "token", f"{kind}: authOptions.mode must be token"
+        assert auth.get("secretName") == TOKEN_SECRET, f"{kind}: the shared token Secret"
+
+
+def test_every_ray_container_and_submitter_runs_with_the_token_from_a_secret() -> None:
+    targets = [(f"{p.where} {c['name']}", c) for p in _ray_pods() for c in _containers(p)]
+    targets += [(f"{p.where} {c['name']}", c) for p in _submitter_pods() for c in _containers(p)]
+    targets.append(("RayCluster autoscaler", _autoscaler()))
+    for where, container in targets:
+        env = _env(container)
+        assert env.get("RAY_AUTH_MODE", {}).get("value") == "token", f"{where}: RAY_AUTH_MODE"
+        token = env.get("RAY_AUTH_TOKEN")
+        assert token, f"{where}: no RAY_AUTH_TOKEN"
+        assert "value" not in token, f"{where}: RAY_AUTH_TOKEN must never be a literal"
+        ref = token.get("valueFrom", {}).get("secretKeyRef")
+        assert ref == {"name": TOKEN_SECRET, "key": TOKEN_KEY}, f"{where}: {token}"
+
+
+def test_no_ray_token_or_key_is_ever_a_literal_anywhere() -> None:
+    for path in YAML_FILES:
+        for doc in _docs(path):
+            for key, value in _walk(doc):
+                if key != "env" or not isinstance(value, list):
+                    continue
+                for e in value:
+                    if e["name"] in {"RAY_AUTH_TOKEN", "AWS_SECRET_ACCESS_KEY"}:
+                        assert "secretKeyRef" in e.get("valueFrom", {}), f"{_rel(path)}: {e}"
+
+
+def test_every_container_runs_as_non_root_with_a_restrictive_security_context() -> None:
+    containers = [
+        (f"{where} {c['name']}", c, spec)
+        for where, spec in _every_pod_spec()
+        for c in [*spec.get("initContainers", []), *spec["containers"]]
+    ]
+    head = _one("RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]
+    containers.append(("RayCluster autoscaler", _autoscaler(), head))
+    assert len(containers) >= 9, "heads, workers, submitters and the autoscaler"
+    for where, c, pod in containers:
+        sc = c.get("securityContext", {})
+        assert sc.get("runAsNonRoot") is True, f"{where}: runAsNonRoot"
+        assert sc.get("runAsUser") == RAY_USER, f"{where}: runAsUser {RAY_USER} (ray)"
+        assert sc.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation"
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{where}: drop ALL"
+        assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: seccomp"
+        assert "privileged" not in sc or sc["privileged"] is False, f"{where}: privileged"
+        assert not sc.get("capabilities", {}).get("add"), f"{where}: added capabilities"
+        # Read-only root everywhere, Ray's containers included: /tmp is the writable
+        # scratch (an emptyDir of the pod), where Ray and the images' caches write.
+        assert sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem"
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+        assert tmp, f"{where}: a read-only root needs a writable /tmp"
+        assert "emptyDir" in volumes[tmp[0]["name"]], f"{where}: /tmp is an emptyDir"
+    for where, spec in _every_pod_spec():
+        psc = spec.get("securityContext", {})
+        assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == RAY_USER, where
+        assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), where
+
+
+def test_network_policies_admit_only_the_cluster_itself_and_submitters_on_8265() -> None:
+    policies = _policies()
+    assert policies, f"no NetworkPolicy in {_rel(NETWORK_POLICIES)}"
+    ray, submitters = _ray_pods(), _submitter_pods()
+    clusters = {p.cluster for p in ray}
+    assert all(clusters) and len(clusters) == 2, f"{RAY_CLUSTER_LABEL} on every Ray pod"
+    for s in submitters:
+        assert s.labels.get(SUBMITTER_LABEL) == "true", f"{s.where}: {SUBMITTER_LABEL} label"
+    operator = {"app.kubernetes.io/name": "kuberay-operator"}
+    for pod in ray:
+        selecting = [np for np in policies if _selects(np["spec"]["podSelector"], pod.labels)]
+        # Selected by an Ingress policy = isolated: only what some rule allows gets in.
+        assert any("Ingress" in np["spec"].get("policyTypes", []) for np in selecting), (
+            f"{pod.where}: no NetworkPolicy isolates it"
+        )
+        reachable: dict[str, set[int | None]] = {}  # peer -> ports (None: every TCP port)
+        for np in selecting:
+            name = np["metadata"]["name"]
+            for rule in np["spec"].get("ingress", []):
+                peers = rule.get("from")
+                assert peers, f"{name}: a rule without `from` admits every source"
+                ports = rule.get("ports")
+                assert ports, f"{name}: a rule without `ports` admits every protocol"
+                assert all(p.get("protocol", "TCP") == "TCP" for p in ports), name
+                numbers = {p.get("port") for p in ports}
+                for peer in peers:
+                    assert "ipBlock" not in peer, f"{name}: no address ranges"
+                    if "namespaceSelector" in peer:  # only the operator, from its namespace
+                        assert peer.get("podSelector", {}).get("matchLabels") == operator, name
+                        assert numbers == {DASHBOARD_PORT} and pod.role == "head", name
+                        reachable.setdefault("operator", set()).update(numbers)
+                        continue
+                    sel = peer["podSelector"]
+                    assert sel, f"{name}: an empty podSelector admits every pod"
+                    for other in ray:
+                        if _selects(sel, other.labels):
+                            assert other.cluster == pod.cluster, (
+                                f"{name}: {other.where} may reach {pod.where}"
+                            )
+                            reachable.setdefault(other.where, set()).update(numbers)
+                    for s in submitters:
+                        if _selects(sel, s.labels):
+                            assert numbers == {DASHBOARD_PORT}, f"{name}: submitters get 8265 only"
+                            assert pod.role == "head", f"{name}: submitters reach heads only"
+                            reachable.setdefault(s.where, set()).update(numbers)
+                    assert any(_selects(sel, p.labels) for p in [*ray, *submitters]), (
+                        f"{name}: a peer that selects none of docintel's pods"
+                    )
+        # Ray's GCS (6379), client (10001), dashboard and node ports within the cluster.
+        same = [p.where for p in ray if p.cluster == pod.cluster]
+        assert all(reachable.get(w) == {None} for w in same), f"{pod.where}: {reachable}"
+        if pod.role == "head":
+            assert reachable.get("operator") == {DASHBOARD_PORT}, f"{pod.where}: the operator"
+            assert all(reachable.get(s.where) == {DASHBOARD_PORT} for s in submitters), pod.where
+        else:
+            assert not any(s.where in reachable for s in submitters), pod.where
+
+
+def test_head_services_stay_inside_the_cluster() -> None:
+    for kind, spec in _cluster_specs():
+        head = spec["headGroupSpec"]
+        assert head.get("serviceType", "ClusterIP") == "ClusterIP", f"{kind}: ClusterIP only"
+        svc = head.get("headService", {}).get("spec", {})
+        assert svc.get("type", "ClusterIP") == "ClusterIP", f"{kind}: headService type"
+        assert not head.get("enableIngress"), f"{kind}: no Ingress for the dashboard"
+        # KubeRay's default (all interfaces of the pod) is what the head service, the
+        # submitters and the operator need; nothing may widen it further.
+        assert head["rayStartParams"].get("dashboard-host", "0.0.0.0") == "0.0.0.0", kind
+    for obj in _kube_objects():
+        assert obj["kind"] not in {"Service", "Ingress", "Route"}, f"{obj['kind']} exposes Ray"
+        for key, value in _walk(obj):
+            if key in {"type", "serviceType"} and isinstance(value, str):
+                assert value not in {"LoadBalancer", "NodePort"}, f"{obj['kind']}: {value}"
+
+
+def test_ray_pods_use_workload_identity_and_submitters_no_cloud_identity() -> None:
+    accounts = _service_accounts()
+    roles = {
+        name: sa["metadata"].get("annotations", {}).get(IRSA_ANNOTATION)
+        for name, sa in accounts.items()
+    }
+    with_role = [name for name, role in roles.items() if role]
+    assert len(with_role) == 1, f"one ServiceAccount with an IAM role in {_rel(SERVICE_ACCOUNTS)}"
+    (ray_sa,) = with_role
+    assert re.fullmatch(r"arn:aws:iam::(?:\d{12}|ACCOUNT_ID):role/docintel-s3", roles[ray_sa])
+    for pod in _ray_pods():
+        assert pod.spec.get("serviceAccountName") == ray_sa, f"{pod.where}: {ray_sa}"
+        if pod.role == "worker":  # only the autoscaling head needs the Kubernetes API
+            assert pod.spec.get("automountServiceAccountToken") is False, pod.where
+        for c in _containers(pod):
+            # IRSA is the default: no static keys loaded (the fallback is commented out).
+            assert not c.get("envFrom"), f"{pod.where} {c['name']}: static AWS keys"
+            assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & _env(c).keys()
+    batch_head = _one("RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]  # no autoscaler
+    assert batch_head["template"]["spec"].get("automountServiceAccountToken") is False
+    for pod in _submitter_pods():
+        sa = pod.spec.get("serviceAccountName")
+        assert sa in accounts and not roles[sa], f"{pod.where}: a ServiceAccount without role"
+        assert pod.spec.get("automountServiceAccountToken") is False, f"{pod.where}: API token"
+        for c in _containers(pod):
+            assert not c.get("envFrom"), f"{pod.where} {c['name']}: no envFrom in a submitter"
+            aws = [n for n in _env(c) if n.startswith("AWS_")]
+            assert not aws, f"{pod.where} {c['name']}: AWS credentials in a submitter: {aws}"
 
 
 # --- entrypoints exist -----------------------------------------------------------------
@@ -587,7 +873,7 @@ def _all_commands() -> list[tuple[str, str]]:
 def _registered_commands() -> set[str]:
     import typer
 
-    from jobs.cli import app
+    from docintel.jobs.cli import app
 
     return set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
 
@@ -602,7 +888,7 @@ def test_cron_validator_rejects_bad_schedules() -> None:
 def test_every_python_module_named_exists() -> None:
     named = {(f, m) for f, c in _all_commands() for m in PYTHON_M.findall(c)}
     modules = {m for _, m in named}
-    assert {"jobs.batch", "jobs.nightly_audit"} <= modules, modules
+    assert {"docintel.jobs.batch", "docintel.jobs.nightly_audit"} <= modules, modules
     missing = sorted(f"{m} (in {f})" for f, m in named if importlib.util.find_spec(m) is None)
     assert not missing, f"`python -m` names modules that do not exist: {missing}"
 
@@ -613,7 +899,7 @@ def test_every_docintel_subcommand_named_is_registered() -> None:
     assert {"audit", "quantize", "submit"} <= subs, subs
     registered = _registered_commands()
     missing = sorted(f"docintel {s} (in {f})" for f, s in named if s not in registered)
-    assert not missing, f"not registered on jobs.cli.app ({sorted(registered)}): {missing}"
+    assert not missing, f"not registered on docintel.jobs.cli.app ({sorted(registered)}): {missing}"
 
 
 # --- one machine: systemd and cron -----------------------------------------------------
@@ -678,7 +964,7 @@ def test_launcher_config_is_valid_for_ray_and_fits_the_layout() -> None:
     schema_path = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
     jsonschema.validate(config, json.loads(schema_path.read_text(encoding="utf-8")))
 
-    assert config["docker"]["image"] == _image_for("cpu")
+    assert _tag_part(config["docker"]["image"]) == _image_for("cpu")
     types = config["available_node_types"]
     head = types[config["head_node_type"]]
     assert head["resources"]["CPU"] == 0
@@ -686,12 +972,11 @@ def test_launcher_config_is_valid_for_ray_and_fits_the_layout() -> None:
     workers = {k: v for k, v in types.items() if k != config["head_node_type"]}
     gpu = [v for v in workers.values() if v["resources"].get("GPU", 0) > 0]
     assert len(gpu) == 1 and gpu[0]["resources"]["GPU"] == 1
-    assert gpu[0]["docker"]["worker_image"] == _image_for("cuda")
+    assert _tag_part(gpu[0]["docker"]["worker_image"]) == _image_for("cuda")
     for node in workers.values():
         if node not in gpu:
-            assert node.get("docker", {}).get("worker_image", _image_for("cpu")) == _image_for(
-                "cpu"
-            )
+            image = node.get("docker", {}).get("worker_image", _image_for("cpu"))
+            assert _tag_part(image) == _image_for("cpu")
     assert sum(v["max_workers"] for v in workers.values()) <= config["max_workers"]
 
     local = config["file_mounts"][CONFIG_MOUNT]
@@ -700,6 +985,45 @@ def test_launcher_config_is_valid_for_ray_and_fits_the_layout() -> None:
     gpus = sum(v.get("min_workers", 0) * v["resources"].get("GPU", 0) for v in workers.values())
     for name in ("job.toml", "audit.toml"):
         check_layout(_cluster_config(name), float(cpus), float(gpus))
+
+
+def test_launcher_pins_its_ami_and_starts_ray_with_token_auth() -> None:
+    config = yaml.safe_load(LAUNCHER.read_text(encoding="utf-8"))
+    for name, node in config["available_node_types"].items():
+        ami = node["node_config"]["ImageId"]
+        assert re.fullmatch(r"ami-(?:[0-9a-f]{8}|[0-9a-f]{17})", ami), (
+            f"{name}: ImageId {ami!r} must be an explicit AMI id, not an alias"
+        )
+    starts = [
+        c
+        for key in ("head_start_ray_commands", "worker_start_ray_commands")
+        for c in config[key]
+        if "ray start" in c
+    ]
+    assert len(starts) == 2, starts
+    paths = set()
+    for command in starts:
+        assert re.search(r"\bRAY_AUTH_MODE=token\b", command), f"no token auth: {command}"
+        m = re.search(r"\bRAY_AUTH_TOKEN_PATH=(/\S+?);?(?:\s|$)", command)
+        assert m, f"the token must come from a file: {command}"
+        paths.add(m.group(1))
+        assert "RAY_AUTH_TOKEN=" not in command, "never the token itself on a command line"
+        assert "0.0.0.0" not in command, f"nothing listens on all interfaces: {command}"
+    (token,) = paths
+    (head,) = [c for c in starts if "--head" in c]
+    assert "--dashboard-host=127.0.0.1" in head, "the dashboard on the head's loopback only"
+    # The file reaches every node from a folder of the workstation, mode 0600, checked.
+    folder = str(Path(token).parent)
+    assert folder in config["file_mounts"], f"{folder} is not in file_mounts"
+    local = config["file_mounts"][folder]
+    assert local.startswith("~/"), (
+        f"{local}: a private folder of the workstation's home, never of the repository"
+    )
+    assert any(f"chmod 0600 {token}" in c for c in config["setup_commands"]), "mode 0600"
+    # Every process in the containers (`ray exec`, the autoscaler) gets the same setting.
+    options = config["docker"]["run_options"]
+    assert "--env RAY_AUTH_MODE=token" in options
+    assert f"--env RAY_AUTH_TOKEN_PATH={token}" in options
 
 
 # --- the operator's guide --------------------------------------------------------------
@@ -714,7 +1038,9 @@ def test_readme_names_every_file_and_the_build_commands() -> None:
         build = f"docker build -f infra/Dockerfile.{flavor} -t {_image_for(flavor)} ."
         assert build in text, f"README lacks: {build}"
     for step in [
-        "kubectl create secret generic docintel-aws",
+        f"kubectl create secret generic {TOKEN_SECRET} --from-file={TOKEN_KEY}=",
+        "kubectl create secret generic docintel-aws --from-env-file=",
+        "kubectl apply -f infra/kuberay/serviceaccounts.yaml -f infra/kuberay/networkpolicy.yaml",
         "kubectl apply -f infra/kuberay/raycluster.yaml",
         "kubectl apply -f infra/kuberay/rayjob.yaml",
         "kubectl apply -f infra/kuberay/cronjob-audit.yaml",
@@ -723,3 +1049,89 @@ def test_readme_names_every_file_and_the_build_commands() -> None:
         "crontab -u docintel infra/crontab.example",
     ]:
         assert step in text, f"README lacks: {step}"
+
+
+# Secret values typed where a process list, shell history or a manifest would keep them.
+SECRET_ON_A_COMMAND_LINE = [
+    re.compile(r"--from-literal=[\w.-]*(?:SECRET|TOKEN|PASSWORD|ACCESS_KEY|KEY_ID)", re.I),
+    re.compile(r"\b(?:AWS_SECRET_ACCESS_KEY|AWS_ACCESS_KEY_ID|AWS_SESSION_TOKEN)=\S"),
+    re.compile(r"\bRAY_AUTH_TOKEN=\S"),
+    re.compile(r"\bray job submit\b.*--headers\b.*[Aa]uthorization"),
+]
+
+
+def _secret_on_a_command_line(text: str) -> list[str]:
+    return [m.group(0) for rx in SECRET_ON_A_COMMAND_LINE for m in rx.finditer(text)]
+
+
+def test_secret_detector_flags_typed_secrets() -> None:
+    for bad in [
+        'kubectl create secret generic docintel-aws --from-literal=AWS_SECRET_ACCESS_KEY="$K"',
+        "kubectl create secret generic x --from-literal=auth_token=abc",
+        "AWS_ACCESS_KEY_ID=AKIA0000 docintel run",
+        "export RAY_AUTH_TOKEN=$(cat token)",
+    ]:
+        assert _secret_on_a_command_line(bad), bad
+    for good in [
+        "kubectl create secret generic docintel-ray-auth --from-file=auth_token=ray-auth-token",
+        "kubectl create secret generic docintel-aws --from-env-file=docintel-aws.env",
+        'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.ray/docintel-auth/auth_token"',
+        "- name: RAY_AUTH_TOKEN",
+    ]:
+        assert not _secret_on_a_command_line(good), good
+
+
+def test_no_secret_is_ever_typed_in_the_guide_or_the_deploy_files() -> None:
+    files = [README, *YAML_FILES, CRONTAB, *SYSTEMD.glob("*"), *INFRA.glob("Dockerfile.*")]
+    for path in files:
+        found = _secret_on_a_command_line(path.read_text(encoding="utf-8"))
+        assert not found, f"{_rel(path)} puts a secret on a command line: {found}"
+    text = README.read_text(encoding="utf-8")
+    # ... and the guide says how to do it instead: from a private file, then deleted.
+    assert f"--from-file={TOKEN_KEY}=ray-auth-token" in text
+    assert "umask 077" in text and "rm -f ray-auth-token" in text
+    assert "--from-env-file=docintel-aws.env" in text and "rm -f docintel-aws.env" in text
+
+
+def test_images_are_pinned_by_digest_or_the_guide_documents_the_pin() -> None:
+    """Our images are built by the user, so their digest cannot be shipped: the manifests
+    carry the documented tag, and infra/README.md the procedure that pins it by digest
+    (which the image test above accepts). A digest, where present, must be well formed."""
+    images = [
+        value
+        for path in YAML_FILES
+        for doc in _docs(path)
+        for key, value in _walk(doc)
+        if key in IMAGE_KEYS and isinstance(value, str)
+    ]
+    text = README.read_text(encoding="utf-8")
+    procedure = ("crane digest" in text or "imagetools inspect" in text) and all(
+        f"({_image_for(f).rsplit('/', 1)[-1]})(@sha256:[0-9a-f]{{64}})?$|\\1@" in text
+        for f in FLAVORS
+    )
+    for image in images:
+        if "@" in image:
+            assert DIGEST.search(image), f"malformed digest pin: {image}"
+        else:
+            assert procedure, f"{image} is not pinned and infra/README.md lacks the procedure"
+    assert f"image: {_image_for('cpu')}@sha256:<digest>" in text
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_dockerfile_base_image_can_be_pinned_by_digest(flavor: str) -> None:
+    """The base is pinnable with --build-arg RAY_BASE_DIGEST=@sha256:<digest>; no digest is
+    shipped (one nobody read from the registry would break every build), so the
+    procedure must be documented where the build commands are."""
+    df = DOCKERFILES[flavor]
+    from_line = df.all("FROM")[0].split()[0]
+    assert from_line.endswith("${RAY_BASE_DIGEST}"), from_line
+    args_before_from = df.instructions[: df.instructions.index(("FROM", df.all("FROM")[0]))]
+    assert ("ARG", "RAY_BASE_DIGEST=") in args_before_from or DIGEST.fullmatch(
+        df.args.get("RAY_BASE_DIGEST", "")
+    ), "RAY_BASE_DIGEST: empty or @sha256:<64 hex>, declared before FROM"
+    documented = " ".join(df.comments)
+    assert "--build-arg RAY_BASE_DIGEST=@sha256:" in documented
+    assert "imagetools inspect rayproject/ray:" in documented
+    assert "--build-arg RAY_BASE_DIGEST=@sha256:" in README.read_text(encoding="utf-8")
+    # Non-root by number, so Kubernetes can verify runAsNonRoot from the image too.
+    assert df.all("USER")[-1] == f"{RAY_USER}:100"

@@ -13,11 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from actors.stages import build_stage, cpu_int8
-from jobs.run import check_models
-from pipeline.config import ClassifyConfig, Config, EmbedConfig
-from pipeline.errors import ModelError
-from pipeline.quantize import (
+from docintel.pipeline.config import ClassifyConfig, Config, EmbedConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.layout import CPU_POOL, GPU_POOL, build_stage, int8_stages, stage_layout
+from docintel.pipeline.offline.quantize import (
     INT8_MODEL_FILE,
     META_LABELS,
     META_RECIPE,
@@ -28,10 +27,11 @@ from pipeline.quantize import (
     keras_head_to_onnx,
     parity_report,
 )
-from pipeline.schema import EMBEDDING
-from pipeline.stages.classify import Classifier, Int8Classifier
-from pipeline.stages.embed_int8 import CPU_INT8, Int8Embedder
-from pipeline.versions import fingerprint
+from docintel.pipeline.plan import check_models
+from docintel.pipeline.schema import BACKEND_CPU_INT8, EMBEDDING
+from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+from docintel.pipeline.stages.embed_int8 import Int8Embedder
+from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO, VALID_CSV
 
 FINSENT_DIR = REPO / "models" / "finsent"
@@ -64,7 +64,7 @@ def test_int8_matches_fp32_contract_and_is_close(
     assert cos.mean() >= 0.99 and cos.min() >= 0.95
     table = int8_stage(pa.table({"text": texts[:3]}))
     assert table.column_names == ["text", "embedding", "n_tokens", "truncated"]
-    assert int8_stage.backend == CPU_INT8 and "+int8@" in int8_stage.version
+    assert int8_stage.backend == BACKEND_CPU_INT8 and "+int8@" in int8_stage.version
     empty, _, _ = int8_stage.encode([])
     assert empty.shape == (0, 384)
 
@@ -126,10 +126,13 @@ def test_fp32_conversion_is_exact(classifier, valid_sample: np.ndarray, tmp_path
     the int8 step changes numbers."""
     import onnx
 
-    from pipeline.stages.classify import MODEL_FILE, load_keras
+    from docintel.pipeline.artefacts import CLASSIFIER_MODEL_FILE
+    from docintel.pipeline.stages.classify import load_keras
 
     raw = tmp_path / "head.fp32.onnx"
-    onnx.save(keras_head_to_onnx(load_keras(FINSENT_DIR / MODEL_FILE), FINSENT_DIR), str(raw))
+    onnx.save(
+        keras_head_to_onnx(load_keras(FINSENT_DIR / CLASSIFIER_MODEL_FILE), FINSENT_DIR), str(raw)
+    )
     ort32 = Int8Classifier(ClassifyConfig(), tmp_path, artefact=raw)
     ort32.setup()
     np.testing.assert_allclose(
@@ -145,7 +148,7 @@ def test_int8_classifier_agrees_with_fp32_and_keeps_the_contract(
     assert agree >= 0.97, f"labels agree on {agree:.1%} of 600 validation sentences"
     assert np.abs(p8 - p32).max() < 0.1
     np.testing.assert_allclose(p8.sum(axis=1), 1.0, atol=1e-4)
-    assert int8_head.backend == CPU_INT8 and int8_head.labels == classifier.labels
+    assert int8_head.backend == BACKEND_CPU_INT8 and int8_head.labels == classifier.labels
     assert int8_head.version.startswith(f"{classifier.version}+int8@")
     flat = pa.array(valid_sample[:5].reshape(-1), pa.float32())
     table = pa.table({EMBEDDING: pa.FixedSizeListArray.from_arrays(flat, 384)})
@@ -159,8 +162,8 @@ def test_int8_classifier_runs_without_tensorflow(int8_encoder: Path) -> None:
     code = (
         "import sys, numpy as np\n"
         "from pathlib import Path\n"
-        "from pipeline.config import ClassifyConfig\n"
-        "from pipeline.stages.classify import Int8Classifier\n"
+        "from docintel.pipeline.config import ClassifyConfig\n"
+        "from docintel.pipeline.stages.classify import Int8Classifier\n"
         f"s = Int8Classifier(ClassifyConfig(), Path({str(int8_encoder)!r}), threads=1)\n"
         "s.setup()\n"
         "p = s.predict(np.full((4, 384), 0.05, np.float32))\n"
@@ -244,8 +247,10 @@ def test_cpu_classify_replicas_run_int8_where_they_are_a_spill_pool(
     overrides: dict[str, object], expected: type, tmp_path: Path
 ) -> None:
     cfg = Config().with_overrides({"embed.int8_dir": str(tmp_path), **overrides})
-    stage = build_stage("classify", cfg, "cpu")
-    assert type(stage) is expected
-    assert type(build_stage("classify", cfg, "gpu", 0.25)) is Classifier
-    assert cpu_int8(cfg, "classify") == (expected is Int8Classifier)
-    assert not cpu_int8(cfg, "sentencize")
+    layout = stage_layout(cfg)
+    pools = {p.kind: p for p in layout["classify"]}
+    assert type(build_stage(cfg, pools[CPU_POOL])) is expected
+    if GPU_POOL in pools:  # GPU replicas always run the Keras head
+        assert type(build_stage(cfg, pools[GPU_POOL])) is Classifier
+    assert ("classify" in int8_stages(layout)) == (expected is Int8Classifier)
+    assert all(p.precision == "fp32" for p in layout["sentencize"])  # no weights

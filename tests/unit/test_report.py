@@ -1,4 +1,4 @@
-"""The audit report (jobs/report.py) on real Parquet run outputs built in tmp_path.
+"""The audit report (pipeline/report/) on real Parquet run outputs built in tmp_path.
 
 Every expected number is computed here independently, with pandas over the same tables,
 not by calling the report's own helpers.
@@ -18,10 +18,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import report as report_mod
-from jobs.report import write_report
-from pipeline.errors import ConfigError, InputError, UsageError
-from pipeline.schema import (
+from docintel.pipeline.errors import ConfigError, InputError, UsageError
+from docintel.pipeline.report import aggregate, write_report
+from docintel.pipeline.report.keys import NO_TOP_LABEL
+from docintel.pipeline.schema import (
     ERRORS_SCHEMA,
     STAGES,
     documents_schema,
@@ -198,7 +198,7 @@ def test_report_json_matches_the_tables(
     run_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # small record batches: the running top-N must merge across batches and files
-    monkeypatch.setattr(report_mod, "READ_BATCH_ROWS", 4)
+    monkeypatch.setattr(aggregate, "READ_BATCH_ROWS", 4)
     rep = _report(tmp_path, run_root)
     sents = pd.read_parquet(
         run_root / "sentences",
@@ -217,7 +217,7 @@ def test_report_json_matches_the_tables(
     }
     assert rep["label_distribution"] == {lb: int((sents.label == lb).sum()) for lb in LABELS}
     assert sum(rep["label_shares"].values()) == pytest.approx(1.0)
-    top_labels = docs["top_label"].fillna(report_mod.NO_TOP_LABEL).value_counts().to_dict()
+    top_labels = docs["top_label"].fillna(NO_TOP_LABEL).value_counts().to_dict()
     assert rep["top_label_distribution"] == top_labels
     assert rep["documents_by_status"] == docs["status"].value_counts().sort_index().to_dict()
 

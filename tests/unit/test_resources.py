@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from actors.resources import actor_options, check_layout, stage_resources
-from pipeline.config import Config
-from pipeline.errors import ConfigError
+from docintel.actors.resources import actor_options, check_layout
+from docintel.pipeline.config import Config
+from docintel.pipeline.errors import ConfigError
+from docintel.pipeline.layout import stage_layout
 
 
 def test_default_layout_fits_two_cpus():
@@ -35,11 +36,12 @@ def test_replicas_count():
     check_layout(cfg, 3)
 
 
-def test_stage_resources_and_actor_options():
-    res = stage_resources(Config())
+def test_stage_layout_and_actor_options():
+    res = stage_layout(Config())
     assert set(res) == {"sentencize", "embed", "classify"}
     assert [r.kind for r in res["embed"]] == ["cpu"]  # no GPU replicas by default
     assert res["embed"][0].cpus == 1.0
+    assert res["embed"][0].precision == "fp32"  # the main path, not a spill pool
     opts = actor_options(res["embed"][0], "docintel:r1:embed/cpu/0")
     assert opts["name"] == "docintel:r1:embed/cpu/0"
     assert opts["num_cpus"] == 1.0
@@ -61,21 +63,24 @@ def _gpu_cfg(spill: str = "auto", **more: object) -> Config:
     [("auto", ["gpu", "cpu"]), ("gpu-only", ["gpu"]), ("cpu-only", ["cpu"]), ("off", ["gpu"])],
 )
 def test_spill_mode_chooses_the_pools(spill, kinds):
-    res = stage_resources(_gpu_cfg(spill))
+    res = stage_layout(_gpu_cfg(spill))
     assert all([r.kind for r in pools] == kinds for pools in res.values())
     gpu = next(r for r in res["embed"] if r.kind == "gpu") if "gpu" in kinds else None
     if gpu is not None:
         assert gpu.gpu_fraction == 0.5 and actor_options(gpu, "x")["num_gpus"] == 0.5
+    cpu = next((r for r in res["embed"] if r.kind == "cpu"), None)
+    if cpu is not None:  # int8 only where the CPU replicas are the spill pool
+        assert cpu.precision == ("int8" if spill == "auto" else "fp32")
 
 
 def test_off_without_gpu_replicas_uses_the_cpu_pool():
-    res = stage_resources(Config().with_overrides({"run.spill": "off"}))
+    res = stage_layout(Config().with_overrides({"run.spill": "off"}))
     assert [r.kind for r in res["embed"]] == ["cpu"]
 
 
 def test_gpu_only_without_gpu_replicas_is_refused():
     with pytest.raises(ConfigError, match=r"no GPU replicas.*gpu_replicas"):
-        stage_resources(Config().with_overrides({"run.spill": "gpu-only"}))
+        stage_layout(Config().with_overrides({"run.spill": "gpu-only"}))
 
 
 def test_three_stages_fit_one_gpu_and_more_is_refused():

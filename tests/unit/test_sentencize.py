@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import SentencizeConfig
-from pipeline.errors import ModelError
-from pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
-from pipeline.stages.sentencize import SENTENCES_SCHEMA, Sentencizer, chunk_spans
+from docintel.pipeline.config import SentencizeConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
+from docintel.pipeline.stages.sentencize import SENTENCES_SCHEMA, Sentencizer, chunk_spans
 
 
 def assert_offsets_hold(out: pa.Table, texts: dict[str, str]) -> None:
@@ -92,7 +92,17 @@ def test_sent_index_counts_from_zero_per_document(sentencizer, docs_table):
     assert counts == {f"d{i}": i + 1 for i in range(6)}
 
 
-def test_one_million_character_document(sentencizer, docs_table):
+@pytest.fixture(scope="module")
+def roomy_sentencizer():
+    """A cap above this file's 50,000-sentence document: these tests are about chunking."""
+    stage = Sentencizer(SentencizeConfig(max_sentences=100_000))
+    stage.setup()
+    yield stage
+    stage.teardown()
+
+
+def test_one_million_character_document(roomy_sentencizer, docs_table):
+    sentencizer = roomy_sentencizer
     unit = "Revenue rose 5%. "
     no_spaces = "x" * 150_000  # longer than a whole chunk (100,000 chars): a forced cut
     head = unit * 40_000  # 680,000 chars
@@ -214,3 +224,20 @@ def test_a_saved_spacy_pipeline_loads_by_path(tmp_path, docs_table):
     assert "en_audit_pipeline" in stage.version
     out = stage(docs_table(["d"], ["Sales rose. Costs fell."]))
     assert out[TEXT].to_pylist() == ["Sales rose.", "Costs fell."]
+
+
+def test_a_document_over_the_sentence_cap_becomes_an_error_row(sentencizer, docs_batch):
+    """300,000 sentences (a log dump, not prose): one error row naming the count and the
+    limit; its batch-mate gets its sentences; no rows of the refused document are kept."""
+    from docintel.pipeline.stages import run_stage
+
+    flood = "Up. " * 300_000  # 1.2 M chars: sentencized chunk by chunk, counted, refused
+    batch = docs_batch(["flood", "fine"], [flood, "Profits fell. Guidance was cut."])
+    out = run_stage(sentencizer, batch)
+    assert out.table[DOC_ID].to_pylist() == ["fine", "fine"]
+    (err,) = out.errors.to_pylist()
+    assert (err[DOC_ID], err["stage"], err["error_type"]) == (
+        "flood", "sentencize", "TooManySentences",
+    )  # fmt: skip
+    assert "300,000 sentences, over the limit of 20,000" in err["message"]
+    assert "max_sentences" in err["message"]

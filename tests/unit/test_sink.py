@@ -17,9 +17,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.batch import Batch
-from pipeline.config import StorageConfig
-from pipeline.schema import (
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.schema import (
     DOC_ID,
     ERRORS_SCHEMA,
     TEXT,
@@ -27,17 +27,18 @@ from pipeline.schema import (
     label_count_column,
     sentences_schema,
 )
-from pipeline.sink import (
+from docintel.pipeline.sink import (
     atomic_write,
     documents_table,
     part_path,
+    read_batch_stats,
     read_manifest,
     resolve_output,
     write_batch,
     write_manifest,
 )
-from pipeline.source import plan, read_unit, resolve_input
-from pipeline.stages import run_stage
+from docintel.pipeline.source import plan, read_unit, resolve_input
+from docintel.pipeline.stages import run_stage
 
 STORAGE = StorageConfig()  # defaults: these tests write local files only
 
@@ -135,6 +136,12 @@ def test_write_batch_and_read_back(tmp_path, finished_batch, classifier):
     assert stats.errors == 1
     assert set(stats.backends) == {"sentencize", "embed", "classify"}
     assert "write" in stats.seconds
+    assert stats.tokens == sum(finished_batch.table["n_tokens"].to_pylist()) > 0
+    # a resumed run learns this batch from the documents part's footer alone
+    again = read_batch_stats(fs, root, bid)
+    assert (again.documents, again.sentences, again.errors, again.tokens, again.backends) == (
+        stats.documents, stats.sentences, stats.errors, stats.tokens, stats.backends,
+    )  # fmt: skip
 
     documents = ds.dataset(str(tmp_path / "out" / "documents"), format="parquet").to_table()
     sentences = ds.dataset(str(tmp_path / "out" / "sentences"), format="parquet").to_table()

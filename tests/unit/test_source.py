@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import StorageConfig
-from pipeline.errors import InputError
-from pipeline.schema import DOC_ID, ERRORS_SCHEMA, TEXT
-from pipeline.source import check_ids, plan, read_unit, resolve_input
+from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.errors import InputError
+from docintel.pipeline.schema import DOC_ID, ERRORS_SCHEMA, TEXT
+from docintel.pipeline.source import check_ids, plan, read_unit, resolve_input, split_readable
 
 STORAGE = StorageConfig()  # defaults: these tests read local files only
 
@@ -329,3 +329,57 @@ def test_read_unit_dictionary_and_large_string_columns(tmp_path):
     assert batch.doc_ids.to_pylist() == ["a", "b"]
     assert batch.table[TEXT].to_pylist() == ["One.", "Two."]
     assert batch.table.schema.field(TEXT).type == pa.string()
+
+
+def test_many_tiny_row_groups_are_read_by_few_units(tmp_path):
+    """2,000 one-row row groups: units merge them up to a batch, so a read task parses the
+    footer once per batch, not once per row group; every row is read exactly once."""
+    path = _write(tmp_path / "tiny.parquet", _docs(2000), row_group_size=1)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 2000
+    fs, files = resolve_input(str(path), STORAGE)
+    files, _ = split_readable(fs, files)
+    units = plan(fs, files, DOC_ID, TEXT, batch_size=128)
+    assert len(units) == 16  # ceil(2000 / 128)
+    assert all(len(u.batch_ids) == 1 for u in units)
+    assert [u.row_groups[0] for u in units[:2]] == [0, 128]
+    seen = [d for u in units for b in read_unit(fs, u, DOC_ID, TEXT, 128) for d in b.doc_ids]
+    assert [d.as_py() for d in seen] == [f"d{i:03d}" for i in range(2000)]
+
+
+def test_batch_ids_carry_the_files_identity_not_only_its_name(tmp_path):
+    """Two different inputs with the same file name never share batch ids."""
+    _write(tmp_path / "one" / "f.parquet", _docs(4, "a"), row_group_size=2)
+    _write(tmp_path / "two" / "f.parquet", _docs(4, "b"), row_group_size=2)
+    keys = []
+    for name in ("one", "two"):
+        fs, files = resolve_input(str(tmp_path / name), STORAGE)
+        files, _ = split_readable(fs, files)
+        keys.append({b for u in plan(fs, files, DOC_ID, TEXT, 2) for b in u.batch_ids})
+    assert not keys[0] & keys[1]
+
+
+def test_a_corrupt_row_group_in_a_merged_unit_spoils_only_its_own_documents(tmp_path):
+    path = tmp_path / "c.parquet"
+    pq.write_table(_docs(6), path, row_group_size=2, compression="none")
+    offset = pq.ParquetFile(path).metadata.row_group(1).column(1).data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + 12] = b"\xff" * 12  # smash row group 1's text page header
+    path.write_bytes(bytes(raw))
+    fs, files = resolve_input(str(path), STORAGE)
+    files, _ = split_readable(fs, files)
+    units = plan(fs, files, DOC_ID, TEXT, batch_size=6)
+    assert [u.row_groups for u in units] == [(0, 1, 2)]  # merged up to a batch
+    (batch,) = read_unit(fs, units[0], DOC_ID, TEXT, 6)
+    assert batch.errors[DOC_ID].to_pylist() == ["d002", "d003"]
+    assert set(batch.errors["error_type"].to_pylist()) == {"CorruptData"}
+    assert "c.parquet (row group 1)" in batch.errors["message"][0].as_py()
+    assert batch.table[DOC_ID].to_pylist() == ["d000", "d001", "d004", "d005"]
+
+
+def test_an_oversized_id_is_refused_naming_file_and_row(tmp_path):
+    ids = ["ok-1", "x" * 5000, "ok-2"]
+    path = _write(tmp_path / "ids.parquet", pa.table({DOC_ID: ids, TEXT: ["a", "b", "c"]}))
+    fs, files = resolve_input(str(path), STORAGE)
+    with pytest.raises(InputError, match=r"ids\.parquet.*row 1 is 5,000 bytes.*max_id_bytes"):
+        check_ids(fs, files, DOC_ID, max_id_bytes=1024)
+    assert check_ids(fs, files, DOC_ID, max_id_bytes=5000) == 3

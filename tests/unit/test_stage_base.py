@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.batch import Batch
-from pipeline.config import ClassifyConfig, EmbedConfig, SentencizeConfig
-from pipeline.errors import ChainError
-from pipeline.schema import (
+from docintel.pipeline.batch import Batch
+from docintel.pipeline.config import ClassifyConfig, EmbedConfig, SentencizeConfig
+from docintel.pipeline.errors import ChainError
+from docintel.pipeline.schema import (
     DOC_ID,
     EMBEDDING,
     END_CHAR,
@@ -25,10 +25,10 @@ from pipeline.schema import (
     TEXT,
     TRUNCATED,
 )
-from pipeline.stages import Stage, check_chain, run_stage
-from pipeline.stages.classify import Classifier
-from pipeline.stages.embed import Embedder
-from pipeline.stages.sentencize import Sentencizer
+from docintel.pipeline.stages import Stage, check_chain, run_stage
+from docintel.pipeline.stages.classify import Classifier
+from docintel.pipeline.stages.embed import Embedder
+from docintel.pipeline.stages.sentencize import Sentencizer
 
 
 def _real_stages() -> list[Stage]:
@@ -218,7 +218,7 @@ def test_usable_cores_honours_a_cgroup_cpu_quota(tmp_path, cpu_max: str, limit: 
     """Thread pools are sized by the container's CPU limit, not the host's core count."""
     import os
 
-    from pipeline.stages.base import usable_cores
+    from docintel.pipeline.stages.base import usable_cores
 
     cores = len(os.sched_getaffinity(0))
     f = tmp_path / "cpu.max"

@@ -1,4 +1,4 @@
-"""pipeline.storage without a server: URIs to filesystems, S3 settings, error messages."""
+"""docintel.pipeline.storage without a server: URIs to filesystems, S3 settings, error messages."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from pipeline.config import StorageConfig
-from pipeline.errors import ConfigError, InputError, OutputError
-from pipeline.storage import (
+from docintel.pipeline.config import StorageConfig, load_config
+from docintel.pipeline.errors import ConfigError, InputError, OutputError
+from docintel.pipeline.storage import (
+    ENDPOINT_ENVS,
     ConfiguredS3FileSystem,
     check_bucket,
     display_uri,
+    effective_endpoint,
     resolve_uri,
     s3_error,
 )
@@ -146,3 +148,42 @@ def test_bare_glob_base_is_the_working_directory():
     fs, path = resolve_uri(".", LOCAL)
     assert isinstance(fs, pafs.LocalFileSystem)
     assert path == str(Path.cwd())
+
+
+@pytest.fixture
+def no_endpoint_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ENDPOINT_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # no region look-up
+    return monkeypatch
+
+
+def test_aws_endpoint_url_is_honoured_when_the_config_has_none(no_endpoint_env):
+    no_endpoint_env.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9100")
+    fs, _ = resolve_uri("s3://b/k", StorageConfig(s3_region="us-east-1"))
+    assert _pyarrow_options(fs)["endpoint_override"] == "127.0.0.1:9100"
+    # resolved here, on the driver: workers get it with the pickled filesystem
+    assert fs.__reduce__()[1][0] == "http://127.0.0.1:9100"
+    # the S3-specific variable wins over the general one, as in boto3 and the AWS CLI
+    no_endpoint_env.setenv("AWS_ENDPOINT_URL_S3", "https://minio.example.com")
+    assert effective_endpoint(StorageConfig()) == (
+        "https://minio.example.com",
+        "AWS_ENDPOINT_URL_S3",
+    )
+    # the config key wins over both
+    assert effective_endpoint(LOOPBACK)[0] == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize("where", ["config", "env"])
+def test_credentials_in_an_endpoint_url_are_refused_without_echoing_them(
+    where: str, no_endpoint_env
+) -> None:
+    url = f"http://AKIAEXAMPLE:{SECRET}@127.0.0.1:9000"
+    with pytest.raises(ConfigError) as exc:
+        if where == "config":
+            load_config(None, {"storage.s3_endpoint": url})
+        else:
+            no_endpoint_env.setenv("AWS_ENDPOINT_URL", url)
+            resolve_uri("s3://b/k", StorageConfig())
+    assert "credentials" in str(exc.value)
+    assert SECRET not in str(exc.value) and "AKIAEXAMPLE" not in str(exc.value)

@@ -9,8 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import InputError
-from pipeline.train import apply_label_names, load_labelled, metrics, stratified_split
+from docintel.pipeline.errors import InputError
+from docintel.pipeline.offline.train import (
+    apply_label_names,
+    load_labelled,
+    metrics,
+    stratified_split,
+)
 
 SENT_VALID = (
     Path(__file__).resolve().parents[2] / "data" / "twitter_fin_sentiment" / "sent_valid.csv"

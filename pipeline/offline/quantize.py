@@ -23,25 +23,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import EmbedConfig
-from pipeline.errors import ModelError
-from pipeline.stages.embed import check_encoder_dir
-from pipeline.versions import fingerprint
+from docintel.pipeline.artefacts import (
+    CLASSIFIER_INPUT,
+    CLASSIFIER_MODEL_FILE,
+    CLASSIFIER_OUTPUT,
+    INT8_MODEL_FILE,
+    META_LABELS,
+    META_RECIPE,
+    META_SOURCE_FINGERPRINT,
+    PARITY_FILE,
+    RECIPE_FILE,
+    classifier_int8_path,
+)
+from docintel.pipeline.config import EmbedConfig
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.stages.embed import check_encoder_dir
+from docintel.pipeline.versions import fingerprint
 
 ONNX_OPSET = 17  # LayerNormalization is a standard op from 17; ORT fuses it at load
-INT8_MODEL_FILE = "model.int8.onnx"
-RECIPE_FILE = "quantize.json"
-PARITY_FILE = "parity.json"
-# The int8 classifier: <int8 dir>/classify/<classifier version>.int8.onnx (one file; a new
-# classifier version gets a new file beside the old ones, never overwrites them).
-CLASSIFIER_SUBDIR = "classify"
-CLASSIFIER_INT8_SUFFIX = ".int8.onnx"
-CLASSIFIER_INPUT = "embedding"
-CLASSIFIER_OUTPUT = "probs"
-# ONNX metadata keys of the int8 classifier (what it was built from and how).
-META_SOURCE_FINGERPRINT = "docintel.source_fingerprint"
-META_LABELS = "docintel.labels"
-META_RECIPE = "docintel.recipe"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -172,12 +171,6 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def classifier_int8_path(int8_dir: Path, classifier_dir: Path) -> Path:
-    """Where ``docintel quantize`` puts the int8 copy of ``classifier_dir``: keyed by the
-    classifier's version, so a retrained head never runs a stale int8 copy."""
-    return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_INT8_SUFFIX}"
-
-
 def _inbound(layer_cfg: dict[str, Any]) -> list[str]:
     """Names of the layers feeding one layer of a Keras functional config, in order."""
     names: list[str] = []
@@ -303,11 +296,11 @@ def build_int8_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
     import onnx
     import onnxruntime
 
-    from pipeline.stages.classify import MODEL_FILE, load_keras, read_classifier_meta
+    from docintel.pipeline.stages.classify import load_keras, read_classifier_meta
 
     labels, _ = read_classifier_meta(classifier_dir)
-    model = load_keras(classifier_dir / MODEL_FILE)
-    fp32 = keras_head_to_onnx(model, classifier_dir / MODEL_FILE)
+    model = load_keras(classifier_dir / CLASSIFIER_MODEL_FILE)
+    fp32 = keras_head_to_onnx(model, classifier_dir / CLASSIFIER_MODEL_FILE)
     source = fingerprint(classifier_dir)
     target = classifier_int8_path(int8_dir, classifier_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -362,11 +355,11 @@ def parity_report(
     """
     import numpy as np
 
-    from pipeline.config import ClassifyConfig
-    from pipeline.stages.classify import Classifier, Int8Classifier
-    from pipeline.stages.embed import Embedder
-    from pipeline.stages.embed_int8 import Int8Embedder
-    from pipeline.train import apply_label_names, load_labelled, metrics
+    from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.offline.train import apply_label_names, load_labelled, metrics
+    from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+    from docintel.pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.embed_int8 import Int8Embedder
 
     texts, raw = load_labelled(data)
     fp32 = Embedder(embed_cfg)
@@ -422,3 +415,10 @@ def parity_report(
             "labels_agree": agree(p8_8),
         },
     }
+
+
+def write_parity(int8_dir: Path, report: dict[str, Any]) -> Path:
+    """Write the parity report beside the int8 artefacts; returns its path."""
+    path = int8_dir / PARITY_FILE
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path

@@ -18,9 +18,14 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline.config import EmbedConfig
-from pipeline.errors import InputError
-from pipeline.stages.classify import LABELS_FILE, METRICS_FILE, MODEL_FILE, TRAINING_FILE
+from docintel.pipeline.artefacts import (
+    CLASSIFIER_MODEL_FILE,
+    LABELS_FILE,
+    METRICS_FILE,
+    TRAINING_FILE,
+)
+from docintel.pipeline.config import EmbedConfig
+from docintel.pipeline.errors import InputError
 
 HOLDOUT_FRACTION = 0.1  # of the training file, stratified: early stopping + reported metrics
 SEED = 0
@@ -85,7 +90,7 @@ def apply_label_names(labels: list[str], names: list[str] | None) -> list[str]:
 
 def embed_texts(texts: list[str], cfg: EmbedConfig) -> tuple[np.ndarray, str]:
     """Embeddings of whole texts with the pipeline's Embedder, and the embedder version."""
-    from pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.embed import Embedder
 
     emb = Embedder(cfg)
     emb.setup()
@@ -233,7 +238,7 @@ def train(
     pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
     result = metrics(y[ho], pred, names)
     out.mkdir(parents=True, exist_ok=True)
-    _inference_copy(model).save(out / MODEL_FILE)
+    _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
     (out / TRAINING_FILE).write_text(
         json.dumps(
@@ -265,8 +270,8 @@ def evaluate(
     model_dir: Path, data: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None
 ) -> dict[str, Any]:
     """Metrics of the classifier in ``model_dir`` on a labelled file."""
-    from pipeline.config import ClassifyConfig
-    from pipeline.stages.classify import Classifier
+    from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.stages.classify import Classifier
 
     texts, raw = load_labelled(data)
     clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))

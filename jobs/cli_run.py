@@ -1,0 +1,211 @@
+"""`docintel run` and `docintel ingest`: options, help and printing only."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from docintel.jobs.ui import (
+    PROGRESS_ENV,
+    ConfigOpt,
+    console,
+    fail,
+    out,
+    print_run_summary,
+    run_with_progress,
+    warn_partial,
+)
+from docintel.pipeline.config import load_config
+from docintel.pipeline.errors import DocintelError
+
+InputArg = Annotated[
+    str,
+    typer.Argument(
+        help="Parquet file, folder of Parquet files, glob ('data/*.parquet') or s3://prefix."
+    ),
+]
+OutputArg = Annotated[
+    str,
+    typer.Argument(
+        help="Output folder or s3://prefix; gets documents/, sentences/, errors/ and "
+        "_manifest.json (written last)."
+    ),
+]
+IdColumnOpt = Annotated[str | None, typer.Option(help="Column with unique document ids.")]
+TextColumnOpt = Annotated[str | None, typer.Option(help="Column with the document text.")]
+RunIdOpt = Annotated[
+    str | None,
+    typer.Option(help="Name of the run. Rerun with the same id to resume an interrupted run."),
+]
+BatchSizeOpt = Annotated[int | None, typer.Option(help="Documents per batch.")]
+EmbeddingsOpt = Annotated[
+    bool | None,
+    typer.Option("--embeddings/--no-embeddings", help="Write the embedding column in sentences/."),
+]
+SpillOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="auto (GPU replicas first, spill to CPU replicas when they are saturated), "
+        "gpu-only, cpu-only, or off (no spill).",
+    ),
+]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="GPUs declared to the embedded local Ray; logical ones work on machines "
+        "without GPUs (GPU replicas then run on the CPU as gpu-sim).",
+    ),
+]
+CpusOpt = Annotated[
+    int | None, typer.Option(help="CPUs for the embedded local Ray (default: all cores).")
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Join a running Ray cluster ('auto' or ray://host:10001) instead of starting "
+        "an embedded one."
+    ),
+]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
+
+
+def run(
+    input: InputArg,
+    output: OutputArg,
+    config: ConfigOpt = None,
+    id_column: IdColumnOpt = None,
+    text_column: TextColumnOpt = None,
+    run_id: RunIdOpt = None,
+    batch_size: BatchSizeOpt = None,
+    embeddings: EmbeddingsOpt = None,
+    spill: SpillOpt = None,
+    gpus: GpusOpt = None,
+    num_cpus: CpusOpt = None,
+    ray_address: RayAddressOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Run the pipeline over INPUT and write the result tables to OUTPUT.
+
+    Examples:
+
+      docintel run data/demo/documents.parquet out/demo
+
+      docintel run corpus/ out/run1 --text-column body --id-column uuid --run-id run1
+
+      docintel run corpus/ out/run1 --run-id run1     # resume after a crash
+    """
+    from docintel.actors.runner import execute
+
+    overrides = {
+        "input.id_column": id_column,
+        "input.text_column": text_column,
+        "run.run_id": run_id,
+        "run.batch_size": batch_size,
+        "run.embeddings": embeddings,
+        "run.num_cpus": num_cpus,
+        "run.spill": spill,
+        "run.num_gpus": gpus,
+        "run.ray_address": ray_address,
+        "run.show_progress": None if progress else False,
+    }
+    try:
+        summary = run_with_progress(execute, load_config(config, overrides), input, output)
+    except DocintelError as e:
+        fail(e)
+    print_run_summary(summary)
+    if summary.partial:
+        warn_partial(
+            "run",
+            len(summary.skipped_files),
+            "input file(s) were unreadable and skipped (listed above and in _manifest.json "
+            "skipped_files)",
+        )
+
+
+FolderArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Folder of .txt / .md files (searched recursively).", exists=True, file_okay=False
+    ),
+]
+ParquetOutArg = Annotated[Path, typer.Argument(help="Parquet file to write.", dir_okay=False)]
+PatternOpt = Annotated[
+    list[str] | None,
+    typer.Option("--pattern", help="Glob(s) of files to take (default: *.txt and *.md)."),
+]
+MaxFileOpt = Annotated[
+    int,
+    typer.Option("--max-file-mib", min=1, help="Skip (and list) files larger than this many MiB."),
+]
+
+
+def ingest(
+    folder: FolderArg,
+    output: ParquetOutArg,
+    pattern: PatternOpt = None,
+    max_file_mib: MaxFileOpt = 64,  # docintel.pipeline.ingest.MAX_FILE_BYTES (tested)
+    progress: ProgressOpt = True,
+) -> None:
+    """Turn a folder of text files into a documents Parquet file (doc_id, text).
+
+    doc_id is the file's path relative to FOLDER; text is its content decoded as UTF-8
+    (a few undecodable bytes are replaced and counted). In doc_id, each byte of a file
+    name that is not UTF-8 is written as %XX and a literal % as %25, so the Latin-1 name
+    café.txt (byte E9) becomes caf%E9.txt and every doc_id names exactly one file.
+
+    Skipped and listed with the reason, never read: files and folders reached through a
+    symlink that leads outside FOLDER, binary files (NUL bytes in the first 8 KiB, or
+    mostly undecodable), files over --max-file-mib, and a second path to a file already
+    taken. Rows are written as files are read (memory stays bounded) to a temporary file
+    beside OUTPUT, renamed to OUTPUT only when complete. Exit code 2 if nothing was
+    ingested.
+
+    Example:
+
+      docintel ingest my_reports/ reports.parquet && docintel run reports.parquet out/
+    """
+    from docintel.pipeline.ingest import ingest_folder
+
+    show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
+    bar = Progress(
+        TextColumn("[bold]ingest"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("files"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
+        transient=True,
+    )
+    task = bar.add_task("ingest", total=None)
+    try:
+        with bar:
+            result = ingest_folder(
+                folder,
+                output,
+                pattern or ["*.txt", "*.md"],
+                max_file_bytes=max_file_mib * 1024 * 1024,
+                on_file=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    except DocintelError as e:
+        fail(e)
+    note = f" ({result.replaced:,} with undecodable bytes replaced)" if result.replaced else ""
+    out.print(f"wrote {result.documents:,} documents to {escape(str(output))}{note}")
+    if result.skipped:
+        out.print(f"[yellow]skipped {len(result.skipped):,} files:[/]", highlight=False)
+    for s in result.skipped:
+        out.print(f"  {escape(s.doc_id)}: {escape(s.reason)}", highlight=False, soft_wrap=True)

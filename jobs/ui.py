@@ -1,0 +1,147 @@
+"""What every docintel command shares: consoles, the config option, help text, errors,
+the live progress bar and the run summary table. No command lives here."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
+
+console = Console(stderr=True)  # messages, warnings, progress
+out = Console()  # results: summaries, tables
+
+EXAMPLE_CONFIG = "docintel.example.toml"
+PROGRESS_ENV = "DOCINTEL_PROGRESS"  # force the live bar when stderr is not a terminal
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help=f"TOML config file (every key is in {EXAMPLE_CONFIG}).",
+        exists=False,
+        dir_okay=False,
+    ),
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_INDENTED = re.compile(r"^\s")
+
+
+def prose(doc: str | None) -> str:
+    """A docstring as help text: each prose paragraph on one line, so the terminal wraps it
+    at its own width (rich keeps a docstring's hard line breaks, which then break lines
+    mid-sentence); indented lines (examples) stay lines of their own."""
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", inspect.cleandoc(doc or "")):
+        lines = block.splitlines()
+        if any(_INDENTED.match(line) for line in lines):
+            paragraphs.extend(line.rstrip() for line in lines)  # examples: one per line
+        else:
+            paragraphs.append(" ".join(line.strip() for line in lines))
+    return "\n\n".join(paragraphs)
+
+
+def command(app: typer.Typer, fn: F) -> F:
+    """Register ``fn`` as a command of ``app``, its docstring as prose help."""
+    app.command(help=prose(fn.__doc__))(fn)
+    return fn
+
+
+def fail(e: DocintelError) -> NoReturn:
+    """Print the error as one line (its text is data, never markup) and exit with its code."""
+    console.print(f"[bold red]docintel: {error_kind(e)}:[/] {escape(str(e))}", highlight=False)
+    raise typer.Exit(exit_code(e))
+
+
+def warn_partial(what: str, n: int, detail: str) -> NoReturn:
+    """A completed but partial run or audit: say so, exit 3."""
+    console.print(
+        f"[bold yellow]docintel: partial {what}:[/] {n} {detail}; exit code "
+        f"{int(ExitCode.PARTIAL)}",
+        highlight=False,
+    )
+    raise typer.Exit(ExitCode.PARTIAL)
+
+
+def _progress_bar(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} docs"),
+        TextColumn("{task.fields[sentences]:,} sentences"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def run_with_progress(run: Callable[..., Any], cfg: Any, *args: Any) -> Any:
+    """Call ``run(cfg, *args, on_start=..., on_batch=...)`` under a live progress bar (on a
+    terminal, or when DOCINTEL_PROGRESS is set, unless the config turns it off)."""
+    show = (cfg.run.show_progress and sys.stderr.isatty()) or os.environ.get(PROGRESS_ENV)
+    progress = _progress_bar(bool(show))
+    state: dict[str, Any] = {"task": None, "t0": time.perf_counter(), "docs": 0, "sents": 0}
+
+    def on_start(total: int, done: int) -> None:
+        state["t0"] = time.perf_counter()
+        state["task"] = progress.add_task(
+            "docintel", total=total, completed=done, sentences=0, rate=""
+        )
+
+    def on_batch(stats: Any) -> None:
+        state["docs"] += stats.documents
+        state["sents"] += stats.sentences
+        dt = max(1e-9, time.perf_counter() - state["t0"])
+        rate = f"{state['docs'] / dt:,.1f} docs/s {state['sents'] / dt:,.1f} sent/s"
+        progress.update(state["task"], advance=stats.documents, sentences=state["sents"], rate=rate)
+
+    with progress:
+        return run(cfg, *args, on_start=on_start, on_batch=on_batch)
+
+
+def print_run_summary(s: Any) -> None:
+    """A run's summary table (or one line when the run was already complete)."""
+    if s.already_complete:
+        out.print(
+            f"run {s.run_id} in {s.output} is already complete: nothing to do "
+            f"({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} errors)"
+        )
+        return
+    for w in s.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    t = Table(title=f"docintel run {s.run_id}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    t.add_row("documents", f"{s.documents:,}")
+    t.add_row("sentences", f"{s.sentences:,}")
+    t.add_row("errors (documents)", f"{s.errors:,}")
+    t.add_row("tokens", f"{s.tokens:,}")
+    t.add_row("batches (this run / resumed)", f"{s.batches:,} / {s.skipped_batches:,}")
+    t.add_row("wall time", f"{s.wall_seconds:,.1f} s")
+    t.add_row("documents/s", f"{s.docs_per_s:,.1f}")
+    t.add_row("sentences/s", f"{s.sentences / max(s.wall_seconds, 1e-9):,.1f}")
+    for stage, sec in s.stage_seconds.items():
+        t.add_row(f"time in {stage}", f"{sec:,.1f} s")
+    for stage, counts in s.backends.items():
+        served = ", ".join(f"{b}: {n}" for b, n in sorted(counts.items()))
+        t.add_row(f"{stage} batches by backend", served)
+    t.add_row("output", s.output)
+    out.print(t)

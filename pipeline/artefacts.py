@@ -1,0 +1,76 @@
+"""Model artefacts: every file name and path that ``docintel train`` / ``docintel quantize``
+write and the stages load, in one module.
+
+The offline tools (:mod:`docintel.pipeline.offline`) import these names to write artefacts;
+the stages import them to load artefacts; neither imports the other.
+
+Where things live:
+
+* the default classifier ships as package data, ``docintel.models`` / ``finsent/``, so an
+  installed wheel finds it without a source checkout;
+* derived artefacts (int8 encoder and classifier) are built once and cached by model
+  version under the cache folder: ``$DOCINTEL_CACHE_DIR`` if set, else
+  ``$XDG_CACHE_HOME/docintel``, else ``~/.cache/docintel``; never inside the installed
+  package. ``[embed] int8_dir`` overrides the int8 folder. On a cluster the folder must
+  be one every node sees, or the artefacts ship in the image (infra/Dockerfile.cpu).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+
+from docintel.pipeline.versions import fingerprint
+
+# --- the classifier folder that `docintel train` writes ------------------------------------
+CLASSIFIER_MODEL_FILE = "model.keras"
+LABELS_FILE = "labels.json"
+TRAINING_FILE = "training.json"  # what the head was trained on (embedder version, dim)
+METRICS_FILE = "metrics.json"
+BUNDLED_CLASSIFIER_NAME = "finsent"  # package data of docintel.models
+
+# --- int8 artefacts that `docintel quantize` writes -----------------------------------------
+INT8_MODEL_FILE = "model.int8.onnx"  # the int8 encoder, in <int8 dir>/
+RECIPE_FILE = "quantize.json"  # how the int8 encoder was built (and from which version)
+PARITY_FILE = "parity.json"  # int8 vs fp32 report
+# The int8 classifier: <int8 dir>/classify/<classifier version>.int8.onnx (one file; a new
+# classifier version gets a new file beside the old ones, never overwrites them).
+CLASSIFIER_SUBDIR = "classify"
+CLASSIFIER_INT8_SUFFIX = ".int8.onnx"
+CLASSIFIER_INPUT = "embedding"
+CLASSIFIER_OUTPUT = "probs"
+# ONNX metadata keys of the int8 classifier (what it was built from and how).
+META_SOURCE_FINGERPRINT = "docintel.source_fingerprint"
+META_LABELS = "docintel.labels"
+META_RECIPE = "docintel.recipe"
+
+# --- the cache ---------------------------------------------------------------------------
+CACHE_ENV = "DOCINTEL_CACHE_DIR"  # overrides the cache folder (a shared path on clusters)
+INT8_SUBDIR = "int8"
+
+
+def bundled_classifier_dir() -> Path:
+    """The default classifier, found from the installed package (wheel or editable)."""
+    return Path(str(files("docintel.models") / BUNDLED_CLASSIFIER_NAME))
+
+
+def cache_dir() -> Path:
+    """The user's docintel cache folder (not created here)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "docintel"
+
+
+def default_int8_dir(encoder_dir: Path) -> Path:
+    """``<cache>/int8/<encoder version>/``: keyed by version, so no run builds it twice."""
+    return cache_dir() / INT8_SUBDIR / fingerprint(encoder_dir)
+
+
+def classifier_int8_path(int8_dir: Path, classifier_dir: Path) -> Path:
+    """Where ``docintel quantize`` puts the int8 copy of ``classifier_dir``: keyed by the
+    classifier's version, so a retrained head never runs a stale int8 copy."""
+    return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_INT8_SUFFIX}"

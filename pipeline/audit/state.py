@@ -1,0 +1,276 @@
+"""The audit root: its layout, ``state.json`` (the record of completed audits), the doc
+index, and what a crash leaves behind (pending and incomplete staging)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from docintel.pipeline.errors import ConfigError, OutputError
+from docintel.pipeline.schema import DOC_ID
+from docintel.pipeline.sink import atomic_write
+from docintel.pipeline.storage import display_uri
+
+if TYPE_CHECKING:
+    from docintel.pipeline.output import RunSummary
+
+AUDIT_DIR = "_audit"  # leading underscore: pyarrow.dataset and docintel inputs skip it
+STATE_FILE = "state.json"
+DOC_INDEX_FILE = "doc_index.parquet"
+INPUTS_DIR = "inputs"
+SELECTION_FILE = "_selection.json"  # written last into a staging folder: it is complete
+PENDING_INDEX_FILE = "_doc_index.parquet"  # the index as it will be once the night completes
+PARTITION_KEY = "run_date"  # hive-style: OUTPUT/run_date=YYYY-MM-DD/documents/...
+STATE_VERSION = 1  # bump when a key of state.json changes meaning
+
+CONTENT_HASH = "content_hash"
+PROCESSED_DATE = "processed_date"
+SOURCE_FILE = "source_file"
+HASH_BYTES = 16  # BLAKE2b-128: collisions are out of reach for any corpus; half of sha256
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field(CONTENT_HASH, pa.binary(HASH_BYTES), nullable=False),
+        pa.field(PROCESSED_DATE, pa.date32(), nullable=False),
+        pa.field(SOURCE_FILE, pa.string(), nullable=False),
+    ]
+)
+DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+@dataclass
+class AuditSummary:
+    """What one audit did (or, when ``already_complete``, what the recorded one did)."""
+
+    date: str
+    source: str
+    output: str
+    partition: str
+    report: str
+    run_id: str | None = None
+    new: int = 0
+    changed: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    reprocessed: int = 0  # unchanged documents processed again because a model changed
+    documents: int = 0
+    sentences: int = 0
+    errors: int = 0
+    ran: bool = False
+    models_changed: bool = False
+    models: dict[str, str] = field(default_factory=dict)
+    already_complete: bool = False
+    resumed: bool = False  # this invocation finished an interrupted audit of the date
+    skipped_files: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    run: RunSummary | None = None  # the run this invocation executed or resumed, if any
+
+    @property
+    def partial(self) -> bool:
+        """Unreadable source files were skipped: they are retried the next night."""
+        return bool(self.skipped_files)
+
+
+def parse_date(value: str | None) -> str:
+    """``YYYY-MM-DD`` (default: today on this machine's clock) as a checked string."""
+    if value is None:
+        return dt.date.today().isoformat()
+    try:
+        if not DATE_RE.fullmatch(value):
+            raise ValueError("not YYYY-MM-DD")
+        return dt.date.fromisoformat(value).isoformat()
+    except ValueError as e:
+        raise ConfigError(
+            f"audit date {value!r} is not a date; write YYYY-MM-DD, e.g. 2026-05-01"
+        ) from e
+
+
+# --- paths ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditLayout:
+    """The paths under one audit root (a local folder or an ``s3://`` prefix) on ``fs``."""
+
+    fs: pafs.FileSystem
+    root: str
+
+    @property
+    def audit_dir(self) -> str:
+        return f"{self.root}/{AUDIT_DIR}"
+
+    @property
+    def state(self) -> str:
+        return f"{self.audit_dir}/{STATE_FILE}"
+
+    @property
+    def index(self) -> str:
+        return f"{self.audit_dir}/{DOC_INDEX_FILE}"
+
+    @property
+    def inputs(self) -> str:
+        return f"{self.audit_dir}/{INPUTS_DIR}"
+
+    def partition(self, day: str) -> str:
+        return f"{self.root}/{PARTITION_KEY}={day}"
+
+    def staging(self, day: str) -> str:
+        return f"{self.inputs}/{PARTITION_KEY}={day}"
+
+    def selection(self, day: str) -> str:
+        return f"{self.staging(day)}/{SELECTION_FILE}"
+
+    def pending_index(self, day: str) -> str:
+        return f"{self.staging(day)}/{PENDING_INDEX_FILE}"
+
+    def uri(self, path: str) -> str:
+        return display_uri(self.fs, path)
+
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type == pafs.FileType.File
+
+
+def read_json(lay: AuditLayout, path: str) -> dict[str, Any] | None:
+    """The JSON object at ``path``, or None when there is no such file."""
+    if not lay.exists(path):
+        return None
+    with lay.fs.open_input_stream(path) as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OutputError(
+            f"{lay.uri(path)} is not valid JSON ({e}); restore it from a backup, or delete "
+            f"{lay.uri(lay.audit_dir)} to start the audits over (every document is then new)"
+        ) from e
+    if not isinstance(data, dict):
+        raise OutputError(f"{lay.uri(path)} does not hold a JSON object; restore it")
+    return data
+
+
+def write_json(lay: AuditLayout, path: str, data: dict[str, Any]) -> None:
+    atomic_write(lay.fs, path, json.dumps(data, indent=2, default=str).encode())
+
+
+# --- the state -----------------------------------------------------------------------------
+
+
+def read_state(lay: AuditLayout) -> dict[str, Any] | None:
+    """``state.json``, checked (with its doc index beside it); None before the first audit."""
+    state = read_json(lay, lay.state)
+    if state is None:
+        return None
+    if state.get("version") != STATE_VERSION or not isinstance(state.get("audits"), list):
+        raise OutputError(
+            f"{lay.uri(lay.state)} is not a docintel audit state (version {STATE_VERSION}); "
+            "choose another audit output, or restore the file"
+        )
+    if not lay.exists(lay.index):
+        raise OutputError(
+            f"{lay.uri(lay.state)} exists but {lay.uri(lay.index)} is missing, so changed "
+            f"documents cannot be told apart; restore it, or delete {lay.uri(lay.audit_dir)} "
+            "to start the audits over (every document is then new)"
+        )
+    return state
+
+
+def completed(state: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The completed audits by date."""
+    return {a["date"]: a for a in state["audits"]} if state else {}
+
+
+def already_complete(entry: dict[str, Any], source: str, output: str) -> AuditSummary:
+    """The summary of a completed audit, from its entry in the state."""
+    return AuditSummary(
+        date=entry["date"],
+        source=entry.get("source", source),
+        output=output,
+        partition=entry["partition"],
+        report=entry["report"],
+        run_id=entry.get("run_id"),
+        new=entry["new"],
+        changed=entry["changed"],
+        removed=entry["removed"],
+        unchanged=entry["unchanged"],
+        reprocessed=entry.get("reprocessed", 0),
+        documents=entry["documents"],
+        sentences=entry["sentences"],
+        errors=entry["errors"],
+        ran=entry.get("ran", bool(entry.get("run_id"))),
+        models_changed=entry.get("models_changed", False),
+        already_complete=True,
+        skipped_files=entry.get("skipped_files", []),
+    )
+
+
+def _dated_dirs(lay: AuditLayout) -> Iterator[tuple[str, str]]:
+    """(date, path) of every ``run_date=D`` folder under ``_audit/inputs``."""
+    sel = pafs.FileSelector(lay.inputs, allow_not_found=True)
+    for info in lay.fs.get_file_info(sel):
+        name = info.base_name
+        if info.type == pafs.FileType.Directory and name.startswith(f"{PARTITION_KEY}="):
+            day = name.partition("=")[2]
+            if DATE_RE.fullmatch(day):
+                yield day, info.path
+
+
+def pending_dates(lay: AuditLayout, done: dict[str, Any]) -> list[str]:
+    """Dates whose staging is complete but whose audit never completed (a crash)."""
+    return sorted(
+        day for day, _ in _dated_dirs(lay) if day not in done and lay.exists(lay.selection(day))
+    )
+
+
+def drop_incomplete_staging(lay: AuditLayout, day: str, done: dict[str, Any]) -> None:
+    """Remove staging of other dates that never got its selection marker: no run used it,
+    and its documents are selected again tonight (the index did not move)."""
+    for other, path in _dated_dirs(lay):
+        if other != day and other not in done and not lay.exists(lay.selection(other)):
+            lay.fs.delete_dir(path)
+
+
+def read_index(lay: AuditLayout) -> pa.Table:
+    """The doc index of the last completed audit, checked against :data:`INDEX_SCHEMA`."""
+    with lay.fs.open_input_file(lay.index) as f:
+        table = pq.read_table(f)
+    if table.schema.names != INDEX_SCHEMA.names:
+        raise OutputError(
+            f"{lay.uri(lay.index)} has columns {table.schema.names}, not "
+            f"{INDEX_SCHEMA.names}; restore it, or delete {lay.uri(lay.audit_dir)} to start "
+            "the audits over"
+        )
+    return table.cast(INDEX_SCHEMA)
+
+
+def commit_state(
+    lay: AuditLayout,
+    day: str,
+    state: dict[str, Any] | None,
+    selection: dict[str, Any],
+    entry: dict[str, Any],
+) -> None:
+    """Index first, state last: the state names the audit complete only when all is there."""
+    pending = lay.pending_index(day)
+    with lay.fs.open_input_file(pending) as f:
+        index = pq.read_table(f)
+    atomic_write(lay.fs, lay.index, index)
+    audits = [a for a in (state["audits"] if state else []) if a["date"] != day]
+    new_state = {
+        "version": STATE_VERSION,
+        "source": selection["source"],
+        "columns": selection["columns"],
+        "models": selection["models"],
+        "files": selection["files"],
+        "audits": sorted([*audits, entry], key=lambda a: a["date"]),
+    }
+    write_json(lay, lay.state, new_state)
+    lay.fs.delete_file(pending)  # it is doc_index.parquet now; the staging stays as a record

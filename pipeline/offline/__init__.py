@@ -1,0 +1,3 @@
+"""Offline tools: ``docintel train`` (the classifier head) and ``docintel quantize`` (int8
+artefacts). They build model artefacts; the stages only load them, by the names and paths in
+:mod:`docintel.pipeline.artefacts`, and never import this package."""

@@ -1,0 +1,117 @@
+"""What a run is before any cluster work: the driver's checks and the plan they produce.
+
+Every check that can fail on bad usage runs here, on the driver, before Ray starts
+(exit code 2): the stage chain, the models (present, matching, int8 artefacts where a
+pool needs them), the input files, their columns and ids. Nothing here imports Ray,
+torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from docintel.pipeline.artefacts import INT8_MODEL_FILE, classifier_int8_path
+from docintel.pipeline.config import Config
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.layout import chain_stages, int8_stages, stage_layout
+from docintel.pipeline.schema import DOC_ID, TEXT
+from docintel.pipeline.source import (
+    InputFile,
+    WorkUnit,
+    check_ids,
+    plan,
+    resolve_input,
+    split_readable,
+)
+from docintel.pipeline.stages import check_chain
+from docintel.pipeline.stages.classify import read_classifier_meta
+from docintel.pipeline.stages.embed import check_encoder_dir, embedding_dim
+from docintel.pipeline.versions import fingerprint
+
+
+@dataclass
+class Plan:
+    """Everything the driver checked before any cluster work."""
+
+    cfg: Config
+    input_uri: str
+    source_fs: pafs.FileSystem
+    files: list[InputFile]
+    units: list[WorkUnit]
+    n_documents: int
+    labels: list[str]
+    versions: dict[str, str]
+    warnings: list[str]
+    skipped_files: list[dict[str, str]]  # unreadable inputs: the run is partial
+
+
+def _check_spacy(name: str) -> None:
+    if name.startswith("blank:"):
+        return
+    import spacy.util
+
+    if not (spacy.util.is_package(name) or Path(name).is_dir()):
+        raise ModelError(
+            f"spaCy pipeline {name!r} is not installed; install its package "
+            'or use [sentencize] spacy_model = "blank:en"'
+        )
+
+
+def _check_int8(cfg: Config, clf_dir: Path) -> None:
+    """The int8 artefacts exist for every stage whose layout runs them."""
+    int8 = cfg.embed.resolved_int8_dir()
+    for stage in int8_stages(stage_layout(cfg)):
+        if stage == "embed" and not (int8 / INT8_MODEL_FILE).is_file():
+            raise ModelError(
+                f"the embed stage's CPU replicas run the int8 encoder, but {int8} holds no "
+                f"{INT8_MODEL_FILE}: build it once with `docintel quantize`, or set [embed] "
+                'cpu_precision = "fp32"'
+            )
+        head = classifier_int8_path(int8, clf_dir)
+        if stage == "classify" and not head.is_file():
+            raise ModelError(
+                f"the classify stage's CPU replicas run the int8 classifier, but {head} (the "
+                f"int8 copy of {clf_dir}, keyed by its version) does not exist: build it "
+                'once with `docintel quantize`, or set [embed] cpu_precision = "fp32"'
+            )
+
+
+def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
+    """Labels, model versions and warnings; ModelError if a model is missing or mismatched."""
+    warnings: list[str] = []
+    embed_path = cfg.embed.resolved_model_path()
+    check_encoder_dir(embed_path)
+    clf_dir = cfg.classify.resolved_model_dir()
+    labels, training = read_classifier_meta(clf_dir)
+    dim = embedding_dim(embed_path)
+    if training.get("embedding_dim") != dim:
+        raise ModelError(
+            f"classifier {clf_dir} was trained on {training.get('embedding_dim')}-d embeddings "
+            f"but the embedder {embed_path} makes {dim}-d ones; train a matching head with "
+            "`docintel train DATA --out DIR` and set [classify] model_dir"
+        )
+    embed_version = fingerprint(embed_path)
+    if training.get("embedder") != embed_version:
+        warnings.append(
+            f"classifier {clf_dir} was trained on embeddings of "
+            f"{training.get('embedder')}, this run embeds with {embed_version}"
+        )
+    _check_spacy(cfg.sentencize.spacy_model)
+    _check_int8(cfg, clf_dir)
+    versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
+    return labels, versions, warnings
+
+
+def prepare(cfg: Config, input_uri: str) -> Plan:
+    """Driver-side checks: inputs, columns, ids, models, stage chain (no Ray, no torch/TF)."""
+    check_chain([DOC_ID, TEXT], chain_stages(cfg))  # stage objects are config only: cheap
+    labels, versions, warnings = check_models(cfg)
+    fs, files = resolve_input(input_uri, cfg.storage)
+    files, skipped = split_readable(fs, files)
+    units = plan(fs, files, cfg.input.id_column, cfg.input.text_column, cfg.run.batch_size)
+    n_docs = check_ids(fs, files, cfg.input.id_column, cfg.input.max_id_bytes)
+    warnings += [f"skipped unreadable input file: {s['reason']}" for s in skipped]
+    return Plan(cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped)

@@ -1,0 +1,365 @@
+"""Reading a committed run and building the audit report: ``report.json`` (and, through
+html.py, ``report.html``).
+
+``write_report`` reads one committed docintel run (documents/, sentences/, errors/ and
+``_manifest.json``) and writes, beside it, what an auditor reads the next morning: counts,
+the label distribution, the highest-risk sentences, the trend of label shares over the
+previous audits, how much work the GPU and the int8 CPU replicas did, throughput and the
+errors. The JSON is the record that later audits' trend charts are built from; the HTML
+(rendered from the same dict by html.py) is one file that opens offline in any browser.
+
+Memory stays flat whatever the run's size: tables are read record batch by record batch,
+only the columns needed (never the embedding), and the top-N sentences are a running
+selection, so the whole sentences table is never turned into Python objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from docintel.pipeline.errors import ConfigError, InputError, UsageError
+from docintel.pipeline.report.html import render_html
+from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
+from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, STAGES, TEXT
+from docintel.pipeline.sink import MANIFEST, atomic_write, read_manifest
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+REPORT_VERSION = 1  # bump when a key that trend-building reads changes meaning
+
+READ_BATCH_ROWS = 16_384  # rows per record batch: bounds memory on huge part files
+ERROR_SAMPLES = 5  # error rows shown verbatim: enough to see the pattern, not a dump
+MESSAGE_CHARS = 300  # error messages are cut here in the report (the table has them whole)
+
+# Backend names as recorded by the stages (pipeline/stages/base.py, embed.py,
+# embed_int8.py), mapped onto the share families of keys.SHARE_KEYS.
+GPU_PREFIX = "gpu-"  # gpu-fp16, gpu-bf16, gpu-sim (a logical GPU without CUDA)
+CPU_INT8 = "cpu-int8"
+
+
+def write_report(
+    fs: pafs.FileSystem,
+    run_root: str,
+    audit: dict,
+    history: list[dict],
+    risk_label: str,
+    top_n: int,
+) -> dict:
+    """Build the report of the run in ``run_root``, write report.json and report.html there.
+
+    ``audit`` describes the night (date, run id, new/changed/removed/unchanged counts,
+    whether anything ran); ``history`` holds earlier nights' returned dicts, oldest first,
+    for the trend. Returns the dict written as report.json. Both files are written
+    atomically, so a reader never sees half a report.
+    """
+    if top_n < 1:
+        raise ConfigError(f"[audit] top_n is {top_n}; set it to 1 or more")
+    missing = [k for k in REQUIRED_AUDIT_KEYS if k not in audit]
+    if missing:
+        raise UsageError(f"audit dict for {run_root} lacks {missing}; pass at least date and ran")
+    root = run_root.rstrip("/") or "/"
+    report = build_report(fs, root, audit, history, risk_label, top_n)
+    # Round-trip through JSON so the returned dict is exactly what report.json holds
+    # (datetimes in the audit dict become ISO strings in both).
+    text = json.dumps(report, indent=2, default=_json_default, ensure_ascii=False)
+    report = json.loads(text)
+    if not isinstance(fs, pafs.S3FileSystem):
+        # Nothing ran: the partition folder may not exist yet. Object stores need none.
+        fs.create_dir(root, recursive=True)
+    atomic_write(fs, f"{root}/{REPORT_JSON}", text.encode())
+    atomic_write(fs, f"{root}/{REPORT_HTML}", render_html(report).encode())
+    return report
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, dt.date | dt.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+# --- reading the run ---------------------------------------------------------------------
+
+
+def build_report(
+    fs: pafs.FileSystem,
+    root: str,
+    audit: dict,
+    history: list[dict],
+    risk_label: str,
+    top_n: int,
+) -> dict[str, Any]:
+    """The report dict (not yet written): the audit's fields plus what the tables hold."""
+    report: dict[str, Any] = dict(audit)
+    report.update(
+        report_version=REPORT_VERSION,
+        generated=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        risk_label=risk_label,
+        top_n=top_n,
+    )
+    if audit["ran"]:
+        manifest = read_manifest(fs, root)
+        if manifest is None:
+            raise InputError(
+                f"{root}/{MANIFEST} is missing: the run in {root} is not committed, so "
+                "there is nothing to report yet; finish (or resume) the run first"
+            )
+        report.update(_run_sections(fs, root, manifest, risk_label, top_n))
+    else:
+        report.update(_empty_sections())
+    report["trend"] = _trend(history, report)
+    return report
+
+
+def _empty_sections() -> dict[str, Any]:
+    """A night on which nothing was processed: every count is zero."""
+    return {
+        "labels": [],
+        "counts": {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0},
+        "documents_by_status": {},
+        "label_distribution": {},
+        "label_shares": {},
+        "top_label_distribution": {},
+        "top_risk": [],
+        "backends": {},
+        "backend_share": {},
+        "resumed_batches": 0,
+        "throughput": {},
+        "errors": {"count": 0, "by_stage": {}, "by_type": [], "samples": []},
+        "partial": False,
+        "skipped_files": [],
+        "warnings": [],
+    }
+
+
+def _run_sections(
+    fs: pafs.FileSystem, root: str, manifest: dict[str, Any], risk_label: str, top_n: int
+) -> dict[str, Any]:
+    labels = list(manifest.get("labels", []))
+    if risk_label not in labels:
+        raise ConfigError(
+            f"[audit] risk_label {risk_label!r} is not a label of the classifier that made "
+            f"{root} (its labels: {', '.join(labels)}); set [audit] risk_label to one of them"
+        )
+    docs = _documents(fs, root)
+    sents = _sentences(fs, root, risk_label, top_n)
+    errs = _errors(fs, root)
+    for lb in sents["label_counts"]:
+        if lb not in labels:
+            labels.append(lb)  # a label the manifest does not name: still counted
+    label_counts = {lb: sents["label_counts"].get(lb, 0) for lb in labels}
+    n_sent = sents["sentences"]
+    counts = {
+        "documents": docs["documents"],
+        "sentences": n_sent,
+        "errors": errs["count"],
+        "tokens": sents["tokens"],
+    }
+    warnings = list(manifest.get("warnings", []))
+    for key, value in manifest.get("counts", {}).items():
+        if key in counts and value != counts[key]:
+            warnings.append(
+                f"the manifest says {value:,} {key} but the tables hold {counts[key]:,}"
+            )
+    backends = {s: dict(b) for s, b in manifest.get("backends", {}).items()}
+    return {
+        "labels": labels,
+        "counts": counts,
+        "documents_by_status": docs["by_status"],
+        "label_distribution": label_counts,
+        "label_shares": {lb: (c / n_sent if n_sent else None) for lb, c in label_counts.items()},
+        "top_label_distribution": docs["top_labels"],
+        "top_risk": sents["top_risk"],
+        "backends": backends,
+        "backend_share": _backend_share(backends),
+        "resumed_batches": int(manifest.get("resumed_batches", 0)),
+        "throughput": _throughput(manifest.get("timings", {}), counts),
+        "errors": errs,
+        "partial": bool(manifest.get("partial", False)),
+        "skipped_files": list(manifest.get("skipped_files", [])),
+        "warnings": warnings,
+    }
+
+
+def _part_files(fs: pafs.FileSystem, root: str, table: str) -> list[str]:
+    """The committed part files of one table (hidden temporaries skipped), sorted."""
+    sel = pafs.FileSelector(f"{root}/{table}", allow_not_found=True)
+    return sorted(
+        i.path
+        for i in fs.get_file_info(sel)
+        if i.type == pafs.FileType.File
+        and i.base_name.startswith("part-")
+        and i.base_name.endswith(".parquet")
+    )
+
+
+def _batches(
+    fs: pafs.FileSystem, root: str, table: str, columns: list[str]
+) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``columns`` from every part of ``table``, one file open at a time."""
+    for path in _part_files(fs, root, table):
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            absent = [c for c in columns if c not in pf.schema_arrow.names]
+            if absent:
+                raise InputError(
+                    f"{path} has no column(s) {absent}: it is not a docintel {table} part "
+                    f"(see pipeline/schema.py); remove it from {root}/{table}"
+                )
+            yield from pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns)
+
+
+def _value_counts(values: pa.Array) -> Counter[str]:
+    return Counter(
+        {
+            (NO_TOP_LABEL if v["values"] is None else v["values"]): v["counts"]
+            for v in pc.value_counts(values).to_pylist()
+        }
+    )
+
+
+def _documents(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
+    n = 0
+    status: Counter[str] = Counter()
+    top: Counter[str] = Counter()
+    for b in _batches(fs, root, "documents", [DOC_ID, "status", "top_label"]):
+        n += b.num_rows
+        status.update(_value_counts(b.column("status")))
+        top.update(_value_counts(b.column("top_label")))
+    ordered = sorted(top.items(), key=lambda kv: (kv[0] == NO_TOP_LABEL, kv[0]))
+    return {"documents": n, "by_status": dict(sorted(status.items())), "top_labels": dict(ordered)}
+
+
+TOP_SORT = [(SCORE, "descending"), (DOC_ID, "ascending"), (SENT_INDEX, "ascending")]
+
+
+def _sentences(fs: pafs.FileSystem, root: str, risk_label: str, top_n: int) -> dict[str, Any]:
+    """Counts per label, tokens, and a running top-N of the risk label by score."""
+    cols = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE, N_TOKENS]
+    n = tokens = 0
+    labels: Counter[str] = Counter()
+    best: pa.Table | None = None  # at most top_n rows at any time
+    for b in _batches(fs, root, "sentences", cols):
+        n += b.num_rows
+        tokens += int(pc.sum(b.column(N_TOKENS)).as_py() or 0)
+        labels.update(_value_counts(b.column(LABEL)))
+        risky = pa.Table.from_batches([b]).filter(pc.equal(b.column(LABEL), risk_label))
+        if risky.num_rows == 0:
+            continue
+        pool = risky if best is None else pa.concat_tables([best, risky])
+        best = pool.take(pc.sort_indices(pool, sort_keys=TOP_SORT)[:top_n])
+    top = [
+        {
+            "doc_id": r[DOC_ID],
+            "sent_index": r[SENT_INDEX],
+            "text": r[TEXT],
+            "score": round(r[SCORE], 6),
+        }
+        for r in (best.select([DOC_ID, SENT_INDEX, TEXT, SCORE]).to_pylist() if best else [])
+    ]
+    return {"sentences": n, "tokens": tokens, "label_counts": labels, "top_risk": top}
+
+
+def _errors(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
+    n = 0
+    by_type: Counter[tuple[str, str]] = Counter()
+    samples: list[dict[str, str]] = []
+    for b in _batches(fs, root, "errors", [DOC_ID, "stage", "error_type", "message"]):
+        n += b.num_rows
+        if b.num_rows == 0:
+            continue
+        grouped = (
+            pa.Table.from_batches([b])
+            .group_by(["stage", "error_type"])
+            .aggregate([(DOC_ID, "count")])
+        )
+        for r in grouped.to_pylist():
+            by_type[(r["stage"], r["error_type"])] += r[f"{DOC_ID}_count"]
+        if len(samples) < ERROR_SAMPLES:
+            for r in b.slice(0, ERROR_SAMPLES - len(samples)).to_pylist():
+                msg = r["message"]
+                if len(msg) > MESSAGE_CHARS:
+                    msg = msg[: MESSAGE_CHARS - 1] + "…"
+                samples.append({**r, "message": msg})
+    by_stage: Counter[str] = Counter()
+    for (stage, _), c in by_type.items():
+        by_stage[stage] += c
+    return {
+        "count": n,
+        "by_stage": dict(sorted(by_stage.items())),
+        "by_type": [
+            {"stage": s, "error_type": t, "count": c}
+            for (s, t), c in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
+        "samples": samples,
+    }
+
+
+def _backend_family(backend: str) -> str:
+    if backend.startswith(GPU_PREFIX):
+        return "gpu"
+    return "cpu_int8" if backend == CPU_INT8 else "cpu_other"
+
+
+def _backend_share(backends: dict[str, dict[str, int]]) -> dict[str, dict[str, float | int]]:
+    """Per stage: batches served, and the share of them on GPU, CPU int8 and other CPU."""
+    out: dict[str, dict[str, float | int]] = {}
+    for stage in [*STAGES, *sorted(set(backends) - set(STAGES))]:
+        served = backends.get(stage, {})
+        total = sum(served.values())
+        if not total:
+            continue
+        fam: Counter[str] = Counter()
+        for backend, batches in served.items():
+            fam[_backend_family(backend)] += batches
+        out[stage] = {"batches": total, **{k: fam[k] / total for k in SHARE_KEYS}}
+    return out
+
+
+def _throughput(timings: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    wall = float(timings.get("wall_seconds") or 0.0)
+    proc = float(timings.get("processing_seconds") or 0.0)
+
+    def rate(n: int, seconds: float) -> float | None:
+        return n / seconds if seconds > 0 else None
+
+    return {
+        "wall_seconds": wall,
+        "startup_seconds": float(timings.get("startup_seconds") or 0.0),
+        "processing_seconds": proc,
+        "documents_per_s": rate(counts["documents"], wall),
+        "sentences_per_s": rate(counts["sentences"], wall),
+        "tokens_per_s": rate(counts["tokens"], wall),
+        "sentences_per_processing_s": rate(counts["sentences"], proc),
+        "stage_seconds": dict(timings.get("stage_seconds") or {}),
+    }
+
+
+def _trend(history: list[dict], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """One point per audit, oldest first, ending with tonight's."""
+    points = []
+    for i, h in enumerate([*history, current]):
+        absent = [k for k in ("date", "ran", "label_shares", "counts") if k not in h]
+        if absent:
+            raise UsageError(
+                f"history[{i}] lacks {absent}: the trend is built from dicts returned by "
+                "write_report (or read from earlier nights' report.json)"
+            )
+        points.append(
+            {
+                "date": str(h["date"]),
+                "run_id": h.get("run_id"),
+                "ran": bool(h["ran"]),
+                "sentences": int(h["counts"].get("sentences", 0)),
+                "shares": dict(h["label_shares"]),
+            }
+        )
+    return points

@@ -1,0 +1,65 @@
+"""The embedded Ray of a local run listens on loopback only, with token auth on and a
+private token file, even when the shell says RAY_AUTH_MODE=disabled."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# Runs in its own process (its own embedded Ray): lists every listening socket of the
+# driver, the Ray daemons it started and their workers, while the session is up.
+PROBE = """
+import json, os, psutil, ray
+from docintel.actors.cluster import ray_session
+from docintel.pipeline.config import load_config
+
+with ray_session(load_config(None, {"run.num_cpus": 1})):
+    @ray.remote(num_cpus=0.1)
+    def mode():
+        return os.environ.get("RAY_AUTH_MODE")
+
+    worker_mode = ray.get(mode.remote())
+    me = psutil.Process()
+    pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    listening = sorted(
+        {(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
+         for c in psutil.net_connections(kind="inet")
+         if c.status == psutil.CONN_LISTEN and c.pid in pids}
+    )
+    inside = os.environ.get("RAY_AUTH_MODE")
+print(json.dumps({"listening": listening, "worker_mode": worker_mode, "driver_mode": inside,
+                  "after": os.environ.get("RAY_AUTH_MODE")}))
+"""
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+def test_embedded_ray_listens_on_loopback_with_token_auth(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),  # a fresh ~/.ray: the token file is created by this run
+        "RAY_AUTH_MODE": "disabled",  # inherited from a careless shell: must not win
+    }
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        env.pop(name, None)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO, env=env,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    listening = [tuple(x) for x in got["listening"]]
+    names = {name for _, _, name in listening}
+    assert {"gcs_server", "raylet"} <= names, listening  # the probe saw Ray's own daemons
+    exposed = [x for x in listening if x[0] not in LOOPBACK]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert got["driver_mode"] == "token" and got["worker_mode"] == "token"
+    assert got["after"] == "disabled"  # the caller's environment is restored afterwards
+    token = tmp_path / ".ray" / "auth_token"
+    assert token.is_file() and len(token.read_text().strip()) == 64
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
