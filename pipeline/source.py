@@ -52,6 +52,8 @@ class InputFile:
 # size, not by how many of them a writer chose to make.
 UNIT_BYTES = 64 * 1024 * 1024
 FOOTER_TAIL = 8  # a Parquet file ends with the footer's length (4 bytes LE) and b"PAR1"
+STREAM_BUFFER_BYTES = 8 * 1024 * 1024  # read buffer when streaming a huge row group
+STREAM_ROWS = 1024  # rows per decoded record batch when streaming a huge row group
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,17 @@ class WorkUnit:
     row_groups: tuple[int, ...]
     n_rows: int
     batch_ids: tuple[str, ...]
+    # A slice of one row group bigger than UNIT_BYTES: its rows start after ``skip_rows``
+    # and are read by streaming the row group, never holding it whole.
+    skip_rows: int = 0
+    streamed: bool = False
 
     @property
     def where(self) -> str:
         first, last = self.row_groups[0], self.row_groups[-1]
         groups = f"row group {first}" if first == last else f"row groups {first}-{last}"
+        if self.streamed:
+            groups += f", rows {self.skip_rows}-{self.skip_rows + self.n_rows - 1}"
         return f"{self.file.uri} ({groups})"
 
 
@@ -227,15 +235,37 @@ def plan(
     return units
 
 
+def _slices(f: InputFile, rg: int, rows: int, size: int, batch_size: int) -> list[WorkUnit]:
+    """A row group over UNIT_BYTES, cut into units of whole batches of about UNIT_BYTES,
+    each read by streaming the row group (batch ids as if it were one unit)."""
+    per_unit = max(1, int(UNIT_BYTES / max(size / rows * batch_size, 1)))
+    k = -(-rows // batch_size)
+    units = []
+    for first in range(0, k, per_unit):
+        last = min(first + per_unit, k)
+        n = min(rows, last * batch_size) - first * batch_size
+        ids = tuple(f"{f.key}-{rg:05d}-{b:05d}" for b in range(first, last))
+        units.append(WorkUnit(f, (rg,), n, ids, skip_rows=first * batch_size, streamed=True))
+    return units
+
+
 def _units(f: InputFile, md: pq.FileMetaData, batch_size: int) -> list[WorkUnit]:
-    """Row groups with at least a batch of rows are a unit each; runs of smaller ones are
-    merged until they hold a batch or UNIT_BYTES."""
+    """Row groups with at least a batch of rows are a unit each (cut in slices when over
+    UNIT_BYTES); runs of smaller ones are merged until they hold a batch or UNIT_BYTES."""
     units: list[WorkUnit] = []
     groups: list[int] = []
     rows = size = 0
     for rg in range(md.num_row_groups):
         meta = md.row_group(rg)
         if meta.num_rows == 0:
+            continue
+        if meta.total_byte_size > UNIT_BYTES and meta.num_rows > batch_size:
+            if groups:  # what was merged so far is a unit of its own
+                k = -(-rows // batch_size)
+                ids = tuple(f"{f.key}-{groups[0]:05d}-{b:05d}" for b in range(k))
+                units.append(WorkUnit(f, tuple(groups), rows, ids))
+                groups, rows, size = [], 0, 0
+            units += _slices(f, rg, meta.num_rows, meta.total_byte_size, batch_size)
             continue
         groups.append(rg)
         rows += meta.num_rows
@@ -349,10 +379,17 @@ def _read_groups(
     back to one row group at a time, so one bad row group does not spoil its neighbours."""
     cols = [id_column, text_column]
     try:
+        if unit.streamed:
+            return _read_slice(fs, unit, cols), {}
         return pf.read_row_groups(list(unit.row_groups), columns=cols), {}
     except (pa.ArrowInvalid, OSError) as e:
         if isinstance(e, OSError) and not is_local(fs):
             raise  # storage trouble after the S3 retries: the executor retries the batch
+        if unit.streamed:  # the slice's ids still name every document
+            ids = _read_slice(fs, unit, [id_column])
+            reason = f"{unit.where}: text column {text_column!r} could not be decoded ({e})"
+            table = ids.append_column(text_column, pa.nulls(ids.num_rows, pa.string()))
+            return table, dict.fromkeys(pc.cast(ids[id_column], pa.string()).to_pylist(), reason)
     parts, corrupt = [], {}
     for rg in unit.row_groups:
         try:
@@ -367,6 +404,24 @@ def _read_groups(
         parts.append(ids.append_column(text_column, pa.nulls(ids.num_rows, pa.string())))
         corrupt.update(dict.fromkeys(pc.cast(ids[id_column], pa.string()).to_pylist(), reason))
     return pa.concat_tables(parts, promote_options="permissive"), corrupt
+
+
+def _read_slice(fs: pafs.FileSystem, unit: WorkUnit, cols: list[str]) -> pa.Table:
+    """Rows ``skip_rows .. skip_rows + n_rows`` of one row group, streamed page by page:
+    memory holds the slice and one record batch, never the whole row group. The rows
+    before the slice are decoded and dropped (the price of bounded memory)."""
+    with fs.open_input_file(unit.file.path) as raw:
+        pf = pq.ParquetFile(raw, buffer_size=STREAM_BUFFER_BYTES, pre_buffer=False)
+        kept: list[pa.RecordBatch] = []
+        pos, start, stop = 0, unit.skip_rows, unit.skip_rows + unit.n_rows
+        for rb in pf.iter_batches(STREAM_ROWS, row_groups=list(unit.row_groups), columns=cols):
+            a, b = max(start, pos), min(stop, pos + rb.num_rows)
+            if a < b:
+                kept.append(rb.slice(a - pos, b - a))
+            pos += rb.num_rows
+            if pos >= stop:
+                break
+    return pa.Table.from_batches(kept, schema=pa.schema([pf.schema_arrow.field(c) for c in cols]))
 
 
 def read_unit(

@@ -383,3 +383,48 @@ def test_an_oversized_id_is_refused_naming_file_and_row(tmp_path):
     with pytest.raises(InputError, match=r"ids\.parquet.*row 1 is 5,000 bytes.*max_id_bytes"):
         check_ids(fs, files, DOC_ID, max_id_bytes=1024)
     assert check_ids(fs, files, DOC_ID, max_id_bytes=5000) == 3
+
+
+def test_a_huge_row_group_is_read_in_streamed_slices(tmp_path, monkeypatch):
+    """A row group over UNIT_BYTES is cut into units of whole batches, each streamed from
+    the row group (never read whole); batch ids are those of the uncut row group."""
+    from docintel.pipeline import source
+
+    path = _write(tmp_path / "big.parquet", _docs(100), row_group_size=100)
+    fs, files = resolve_input(str(path), STORAGE)
+    files, _ = split_readable(fs, files)
+    whole = plan(fs, files, DOC_ID, TEXT, batch_size=10)
+    assert len(whole) == 1 and not whole[0].streamed
+    size = pq.ParquetFile(path).metadata.row_group(0).total_byte_size
+    monkeypatch.setattr(source, "UNIT_BYTES", size // 3)  # ~3 batches' worth per unit
+    monkeypatch.setattr(source, "STREAM_ROWS", 7)  # record batches across batch bounds
+    units = plan(fs, files, DOC_ID, TEXT, batch_size=10)
+    assert len(units) > 1 and all(u.streamed for u in units)
+    assert [b for u in units for b in u.batch_ids] == list(whole[0].batch_ids)
+    assert "rows 0-" in units[0].where
+    read = [b for u in units for b in read_unit(fs, u, DOC_ID, TEXT, 10)]
+    assert [b.batch_id for b in read] == list(whole[0].batch_ids)
+    assert [d for b in read for d in b.doc_ids.to_pylist()] == [f"d{i:03d}" for i in range(100)]
+    assert all(b.errors.num_rows == 0 and b.n_docs == 10 for b in read)
+
+
+def test_a_corrupt_huge_row_group_becomes_error_rows_slice_by_slice(tmp_path, monkeypatch):
+    from docintel.pipeline import source
+
+    path = tmp_path / "bigbad.parquet"
+    pq.write_table(_docs(60), path, row_group_size=60, compression="none")
+    md = pq.ParquetFile(path).metadata.row_group(0)
+    raw = bytearray(path.read_bytes())
+    offset = md.column(1).data_page_offset
+    raw[offset : offset + 12] = b"\xff" * 12
+    path.write_bytes(bytes(raw))
+    monkeypatch.setattr(source, "UNIT_BYTES", md.total_byte_size // 3)
+    fs, files = resolve_input(str(path), STORAGE)
+    files, _ = split_readable(fs, files)
+    units = plan(fs, files, DOC_ID, TEXT, batch_size=10)
+    assert len(units) > 1
+    batches = [b for u in units for b in read_unit(fs, u, DOC_ID, TEXT, 10)]
+    errors = [e for b in batches for e in b.errors.to_pylist()]
+    assert sorted(e[DOC_ID] for e in errors) == [f"d{i:03d}" for i in range(60)]
+    assert {e["error_type"] for e in errors} == {"CorruptData"}
+    assert all(b.table.num_rows == 0 for b in batches)
