@@ -134,9 +134,10 @@ def quantize(
     out_dir: Int8OutOpt = None,
     data: ParityDataOpt = None,
 ) -> None:
-    """Build the int8 CPU encoder and classifier offline, with a parity report against fp32.
+    """Build the ONNX CPU encoders and the int8 classifier offline, with a parity report.
 
-    Exports the configured encoder to ONNX and quantizes it (ONNX Runtime dynamic int8,
+    Exports the configured encoder as a fused fp32 ONNX graph (the default CPU path; a run
+    also builds it on first need) and quantizes it (ONNX Runtime dynamic int8,
     per-channel weights, FFN output projections kept fp32); rebuilds the configured Keras
     classifier as ONNX from its weights and quantizes it the same way (runs without
     TensorFlow). Then measures, on DATA, the encoder's embedding cosines to fp32 and the
@@ -153,8 +154,11 @@ def quantize(
         cfg = load_config(config)
         target = out_dir or cfg.embed.resolved_int8_dir()
         clf_dir = cfg.classify.resolved_model_dir()
-        with console.status(f"exporting and quantizing {cfg.embed.resolved_model_path()}"):
-            q.build_int8(cfg.embed.resolved_model_path(), target)
+        encoder = cfg.embed.resolved_model_path()
+        with console.status(f"exporting {encoder} as a fused fp32 ONNX graph"):
+            q.build_fp32(encoder, target)
+        with console.status(f"exporting and quantizing {encoder}"):
+            q.build_int8(encoder, target)
         with console.status(f"converting and quantizing {clf_dir}"):
             head = q.build_int8_classifier(clf_dir, target)
         if data is None and not DEFAULT_PARITY_DATA.is_file():

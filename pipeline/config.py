@@ -161,6 +161,10 @@ class EmbedConfig(_Strict):
     # int8 where they are a spill pool (the stage also has GPU replicas), fp32 otherwise;
     # int8 needs the artefacts of `docintel quantize` (encoder + classifier).
     cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
+    # Runtime of fp32 CPU replicas: "onnx" = the same weights as a fused ONNX graph on ONNX
+    # Runtime (built once per encoder version into the cache; exact to PyTorch, ~1.8x as
+    # fast on CPUs); "torch" = PyTorch eager.
+    cpu_runtime: Literal["onnx", "torch"] = "onnx"
     int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts.py)
 
     def resolved_int8_dir(self) -> Path:

@@ -27,7 +27,7 @@ from docintel.pipeline.stages import Stage
 from docintel.pipeline.stages.base import Placement
 from docintel.pipeline.stages.classify import Classifier, Int8Classifier
 from docintel.pipeline.stages.embed import Embedder
-from docintel.pipeline.stages.embed_int8 import Int8Embedder
+from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.faults import PoisonedStage
 from docintel.pipeline.stages.sentencize import Sentencizer
 
@@ -103,6 +103,15 @@ def stage_layout(cfg: Config) -> dict[str, list[Pool]]:
     return {stage: _stage_pools(cfg, stage) for stage in STAGES}
 
 
+def _onnx_fp32(cfg: Config, pool: Pool) -> bool:
+    return pool.kind == CPU_POOL and pool.precision == "fp32" and cfg.embed.cpu_runtime == "onnx"
+
+
+def onnx_fp32_needed(cfg: Config, layout: dict[str, list[Pool]]) -> bool:
+    """Whether an embed pool runs the fused fp32 ONNX encoder (it must exist first)."""
+    return any(_onnx_fp32(cfg, p) for p in layout.get("embed", []))
+
+
 def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
     """Stages with a pool that runs int8 artefacts (they must exist before the run)."""
     return [s for s, pools in layout.items() if any(p.precision == "int8" for p in pools)]
@@ -118,6 +127,8 @@ def build_stage(cfg: Config, pool: Pool) -> Stage:
         stage = Sentencizer(cfg.sentencize, placement)
     elif pool.stage == "embed" and int8:
         stage = Int8Embedder(cfg.embed, cfg.embed.resolved_int8_dir(), replicas=pool.replicas)
+    elif pool.stage == "embed" and _onnx_fp32(cfg, pool):
+        stage = OnnxEmbedder(cfg.embed, cfg.embed.resolved_int8_dir(), replicas=pool.replicas)
     elif pool.stage == "embed":
         stage = Embedder(cfg.embed, replicas=pool.replicas, placement=placement)
     elif pool.stage == "classify" and int8:

@@ -8,15 +8,26 @@ torch or TensorFlow.
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from docintel.pipeline.artefacts import INT8_MODEL_FILE, classifier_int8_path
+from docintel.pipeline.artefacts import (
+    BUILD_LOCK,
+    FP32_MODEL_FILE,
+    INT8_MODEL_FILE,
+    classifier_int8_path,
+)
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.layout import chain_stages, int8_stages, stage_layout
+from docintel.pipeline.layout import chain_stages, int8_stages, onnx_fp32_needed, stage_layout
 from docintel.pipeline.schema import DOC_ID, TEXT
 from docintel.pipeline.source import (
     InputFile,
@@ -79,6 +90,63 @@ def _check_int8(cfg: Config, clf_dir: Path) -> None:
             )
 
 
+def _say(line: str) -> None:
+    print(f"docintel: {line}", file=sys.stderr, flush=True)
+
+
+def ensure_derived(cfg: Config, say: Callable[[str], None] = _say) -> None:
+    """Build, once per model version, the derived models this layout runs and the cache
+    lacks: the fused fp32 ONNX encoder, the int8 encoder and classifier. Never refused for
+    a missing artefact; concurrent runs wait on one build (a lock in the folder)."""
+    layout = stage_layout(cfg)
+    int8 = cfg.embed.resolved_int8_dir()
+    clf_dir = cfg.classify.resolved_model_dir()
+    wanted = []
+    if onnx_fp32_needed(cfg, layout):
+        wanted.append(("fused fp32 ONNX encoder", int8 / FP32_MODEL_FILE, "fp32"))
+    if "embed" in int8_stages(layout):
+        wanted.append(("int8 encoder", int8 / INT8_MODEL_FILE, "int8"))
+    if "classify" in int8_stages(layout):
+        wanted.append(("int8 classifier", classifier_int8_path(int8, clf_dir), "int8-head"))
+    missing = [w for w in wanted if not w[1].is_file()]
+    if not missing:
+        return
+    int8.mkdir(parents=True, exist_ok=True)
+    with (int8 / BUILD_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be building the same files
+        for what, path, kind in missing:
+            if path.is_file():
+                continue  # built meanwhile by the run that held the lock
+            say(f"building the {what} into {int8} (once per model version)...")
+            t0 = time.perf_counter()
+            _build(kind, cfg, int8, clf_dir)
+            say(f"built {path.name} in {time.perf_counter() - t0:.1f} s")
+
+
+def _build(kind: str, cfg: Config, int8: Path, clf_dir: Path) -> None:
+    """One artefact, with the exporters' progress bars and tracer warnings kept quiet (the
+    run prints its own line; a failure still raises)."""
+    import transformers
+
+    from docintel.pipeline.offline import quantize
+
+    encoder = cfg.embed.resolved_model_path()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            if kind == "fp32":
+                quantize.build_fp32(encoder, int8)
+            elif kind == "int8":
+                quantize.build_int8(encoder, int8)
+            else:
+                quantize.build_int8_classifier(clf_dir, int8)
+        finally:
+            logging.disable(logging.NOTSET)
+
+
 def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
     """Labels, model versions and warnings; ModelError if a model is missing or mismatched."""
     warnings: list[str] = []
@@ -108,6 +176,7 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
 def prepare(cfg: Config, input_uri: str) -> Plan:
     """Driver-side checks: inputs, columns, ids, models, stage chain (no Ray, no torch/TF)."""
     check_chain([DOC_ID, TEXT], chain_stages(cfg))  # stage objects are config only: cheap
+    ensure_derived(cfg)
     labels, versions, warnings = check_models(cfg)
     fs, files = resolve_input(input_uri, cfg.storage)
     files, skipped = split_readable(fs, files)

@@ -29,7 +29,7 @@ from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError, OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
 from docintel.pipeline.output import RUN_STATE, RunSummary
-from docintel.pipeline.plan import check_models
+from docintel.pipeline.plan import check_models, ensure_derived
 from docintel.pipeline.report import REPORT_JSON, write_report
 from docintel.pipeline.sink import BatchStats, resolve_output
 
@@ -182,6 +182,7 @@ def _audit_one(
 
 def _models(cfg: Config) -> dict[str, str]:
     """The versions of the night's models; the classifier must know ``[audit] risk_label``."""
+    ensure_derived(cfg)  # what the night's run will need, built before anything is staged
     labels, versions, _ = check_models(cfg)
     if cfg.audit.risk_label not in labels:
         raise ConfigError(

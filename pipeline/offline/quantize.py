@@ -27,6 +27,7 @@ from docintel.pipeline.artefacts import (
     CLASSIFIER_INPUT,
     CLASSIFIER_MODEL_FILE,
     CLASSIFIER_OUTPUT,
+    FP32_MODEL_FILE,
     INT8_MODEL_FILE,
     META_LABELS,
     META_RECIPE,
@@ -110,6 +111,54 @@ def ffn_output_matmuls(path: Path) -> list[str]:
     return out
 
 
+FP32_RECIPE = "ONNX opset 17 export (eager attention), ORT BERT fusions (optimize_model, level 1)"
+
+
+def copy_tokenizer(model_dir: Path, out_dir: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out_dir / name)
+
+
+def build_fp32(model_dir: Path, out_dir: Path) -> Path:
+    """The encoder's fp32 weights as a fused ONNX graph, ``out_dir/model.fp32.onnx``.
+
+    Export (as for int8), then ORT's offline BERT fusions (Attention, SkipLayerNorm,
+    BiasGelu, EmbedLayerNorm); the source's version and the recipe go into the ONNX
+    metadata. Written under a temporary name in ``out_dir`` and renamed: readers never see
+    half a file. Returns the file's path.
+    """
+    import tempfile
+
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    check_encoder_dir(model_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    with tempfile.TemporaryDirectory(prefix=".fp32-", dir=out_dir) as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        export_onnx(model_dir, raw)
+        fused = optimize_model(
+            str(raw),
+            model_type="bert",
+            num_heads=int(config["num_attention_heads"]),
+            hidden_size=int(config["hidden_size"]),
+            opt_level=1,
+        ).model
+        for key, value in (
+            (META_SOURCE_FINGERPRINT, fingerprint(model_dir)),
+            (META_RECIPE, FP32_RECIPE),
+        ):
+            entry = fused.metadata_props.add()
+            entry.key, entry.value = key, value
+        staged = Path(tmp) / FP32_MODEL_FILE
+        onnx.save(fused, str(staged))
+        copy_tokenizer(model_dir, out_dir)
+        staged.replace(out_dir / FP32_MODEL_FILE)
+    return out_dir / FP32_MODEL_FILE
+
+
 def build_int8(model_dir: Path, out_dir: Path) -> Path:
     """Build the recommended int8 artefact from a local transformers encoder folder.
 
@@ -148,9 +197,7 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
             nodes_to_exclude=kept,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    for name in TOKENIZER_FILES:
-        if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, out_dir / name)
+    copy_tokenizer(model_dir, out_dir)
     recipe = {
         "source": str(model_dir),
         "source_fingerprint": fingerprint(model_dir),

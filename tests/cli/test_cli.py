@@ -86,14 +86,13 @@ def test_python_m_jobs_cli_has_every_command() -> None:
 
 
 def test_error_messages_keep_config_section_names(tmp_path: Path, corpus: Path) -> None:
-    """Messages name config keys as `[embed] cpu_precision`; rich must not eat them as markup."""
-    cfg = tmp_path / "spill.toml"
-    cfg.write_text(
-        f'[embed]\nint8_dir = "{tmp_path / "no-int8"}"\n[resources.embed]\ngpu_replicas = 1\n'
-    )
-    r = docintel("run", corpus, tmp_path / "out", "--config", cfg, "--gpus", "1")
+    """Messages name config keys as `[sentencize] spacy_model`; rich must not eat them as
+    markup."""
+    cfg = tmp_path / "missing-spacy.toml"
+    cfg.write_text('[sentencize]\nspacy_model = "xx_no_such_pipeline"\n')
+    r = docintel("run", corpus, tmp_path / "out", "--config", cfg)
     assert r.returncode == 2, r.stderr
-    assert "[embed] cpu_precision" in r.stderr
+    assert '[sentencize] spacy_model = "blank:en"' in r.stderr
 
 
 def test_missing_text_column_exits_2_naming_columns(tmp_path: Path, corpus: Path) -> None:
