@@ -39,6 +39,7 @@ from docintel.pipeline.sink import (
     BatchStats,
     atomic_write,
     read_batch_stats,
+    read_json,
     read_manifest,
     resolve_output,
     write_manifest,
@@ -101,13 +102,6 @@ class ErrorBudget:
 
     def check_final(self, errors: int, documents: int) -> None:
         self._check(errors, documents, "in this run's output")
-
-
-def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
 
 
 def _committed(fs: pafs.FileSystem, root: str) -> set[str]:
@@ -197,7 +191,7 @@ class RunOutput:
                     " choose an empty output folder for a new run"
                 )
             return cls(p, output_uri, fs, root, manifest["run_id"], set(), manifest, lease)
-        state = _read_json(fs, f"{root}/{RUN_STATE}")
+        state = read_json(fs, f"{root}/{RUN_STATE}")
         if state is not None:
             _check_resumable(state, p, output_uri, run_id)
             return cls(p, output_uri, fs, root, run_id, _committed(fs, root), None, lease)

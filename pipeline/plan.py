@@ -71,22 +71,40 @@ def _check_spacy(name: str) -> None:
         )
 
 
-def _check_int8(cfg: Config, clf_dir: Path) -> None:
+@dataclass(frozen=True)
+class _Derived:
+    """A model built from another one that this layout's replicas load."""
+
+    what: str
+    path: Path
+    kind: str  # "fp32" | "int8" | "int8-head": how offline/quantize builds it
+    stage: str
+
+
+def _derived(cfg: Config) -> list[_Derived]:
+    """Every derived model the layout runs, where the cache keeps it (by model version)."""
+    layout = stage_layout(cfg)
+    folder = cfg.embed.resolved_int8_dir()
+    out = []
+    if onnx_fp32_needed(cfg, layout):
+        out.append(_Derived("fused fp32 ONNX encoder", folder / FP32_MODEL_FILE, "fp32", "embed"))
+    if "embed" in int8_stages(layout):
+        out.append(_Derived("int8 encoder", folder / INT8_MODEL_FILE, "int8", "embed"))
+    if "classify" in int8_stages(layout):
+        head = classifier_int8_path(folder, cfg.classify.resolved_model_dir())
+        out.append(_Derived("int8 classifier", head, "int8-head", "classify"))
+    return out
+
+
+def _check_int8(cfg: Config) -> None:
     """The int8 artefacts exist for every stage whose layout runs them."""
-    int8 = cfg.embed.resolved_int8_dir()
-    for stage in int8_stages(stage_layout(cfg)):
-        if stage == "embed" and not (int8 / INT8_MODEL_FILE).is_file():
+    for d in _derived(cfg):
+        if d.kind != "fp32" and not d.path.is_file():
             raise ModelError(
-                f"the embed stage's CPU replicas run the int8 encoder, but {int8} holds no "
-                f"{INT8_MODEL_FILE}: build it once with `docintel quantize`, or set [embed] "
-                'cpu_precision = "fp32"'
-            )
-        head = classifier_int8_path(int8, clf_dir)
-        if stage == "classify" and not head.is_file():
-            raise ModelError(
-                f"the classify stage's CPU replicas run the int8 classifier, but {head} (the "
-                f"int8 copy of {clf_dir}, keyed by its version) does not exist: build it "
-                'once with `docintel quantize`, or set [embed] cpu_precision = "fp32"'
+                f"the {d.stage} stage's CPU replicas run the {d.what}, but {d.path} (keyed "
+                "by the source model's version) does not exist: build it once with "
+                "`docintel quantize` (a run builds it itself), or set [embed] cpu_precision "
+                '= "fp32"'
             )
 
 
@@ -98,29 +116,20 @@ def ensure_derived(cfg: Config, say: Callable[[str], None] = _say) -> None:
     """Build, once per model version, the derived models this layout runs and the cache
     lacks: the fused fp32 ONNX encoder, the int8 encoder and classifier. Never refused for
     a missing artefact; concurrent runs wait on one build (a lock in the folder)."""
-    layout = stage_layout(cfg)
     int8 = cfg.embed.resolved_int8_dir()
-    clf_dir = cfg.classify.resolved_model_dir()
-    wanted = []
-    if onnx_fp32_needed(cfg, layout):
-        wanted.append(("fused fp32 ONNX encoder", int8 / FP32_MODEL_FILE, "fp32"))
-    if "embed" in int8_stages(layout):
-        wanted.append(("int8 encoder", int8 / INT8_MODEL_FILE, "int8"))
-    if "classify" in int8_stages(layout):
-        wanted.append(("int8 classifier", classifier_int8_path(int8, clf_dir), "int8-head"))
-    missing = [w for w in wanted if not w[1].is_file()]
+    missing = [d for d in _derived(cfg) if not d.path.is_file()]
     if not missing:
         return
     int8.mkdir(parents=True, exist_ok=True)
     with (int8 / BUILD_LOCK).open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be building the same files
-        for what, path, kind in missing:
-            if path.is_file():
+        for d in missing:
+            if d.path.is_file():
                 continue  # built meanwhile by the run that held the lock
-            say(f"building the {what} into {int8} (once per model version)...")
+            say(f"building the {d.what} into {int8} (once per model version)...")
             t0 = time.perf_counter()
-            _build(kind, cfg, int8, clf_dir)
-            say(f"built {path.name} in {time.perf_counter() - t0:.1f} s")
+            _build(d.kind, cfg, int8, cfg.classify.resolved_model_dir())
+            say(f"built {d.path.name} in {time.perf_counter() - t0:.1f} s")
 
 
 def _build(kind: str, cfg: Config, int8: Path, clf_dir: Path) -> None:
@@ -168,7 +177,7 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
             f"{training.get('embedder')}, this run embeds with {embed_version}"
         )
     _check_spacy(cfg.sentencize.spacy_model)
-    _check_int8(cfg, clf_dir)
+    _check_int8(cfg)
     versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
     return labels, versions, warnings
 
@@ -181,6 +190,7 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     fs, files = resolve_input(input_uri, cfg.storage)
     files, skipped = split_readable(fs, files)
     units = plan(fs, files, cfg.input.id_column, cfg.input.text_column, cfg.run.batch_size)
-    n_docs = check_ids(fs, files, cfg.input.id_column, cfg.input.max_id_bytes)
+    total = sum(u.n_rows for u in units)  # from the footers plan() read: no second read
+    n_docs = check_ids(fs, files, cfg.input.id_column, cfg.input.max_id_bytes, total)
     warnings += [f"skipped unreadable input file: {s['reason']}" for s in skipped]
     return Plan(cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped)

@@ -191,9 +191,13 @@ def write_manifest(fs: pafs.FileSystem, root: str, manifest: dict[str, Any]) -> 
     atomic_write(fs, f"{root}/{MANIFEST}", json.dumps(manifest, indent=2, default=str).encode())
 
 
-def read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
-    path = f"{root}/{MANIFEST}"
+def read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
+    """A small JSON file (manifest, run state), or None when it does not exist."""
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
         return json.loads(f.read().decode())
+
+
+def read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
+    return read_json(fs, f"{root}/{MANIFEST}")

@@ -299,7 +299,11 @@ def _check_id_batch(col: pa.Array, f: InputFile, row0: int, id_column: str, max_
 
 
 def check_ids(
-    fs: pafs.FileSystem, files: list[InputFile], id_column: str, max_id_bytes: int = 1024
+    fs: pafs.FileSystem,
+    files: list[InputFile],
+    id_column: str,
+    max_id_bytes: int = 1024,
+    total: int | None = None,
 ) -> int:
     """Refuse null, oversized or duplicate document ids before any work; return the
     document count.
@@ -309,7 +313,8 @@ def check_ids(
     corpus. Duplicates are an error, never silently merged: every output row must name
     exactly one input document.
     """
-    total = sum(_open(fs, f).metadata.num_rows for f in files)
+    if total is None:  # the planner passes it; footers are read only when it does not
+        total = sum(_open(fs, f).metadata.num_rows for f in files)
 
     def read_ids() -> Iterator[tuple[str, pa.Array]]:
         for f in files:
