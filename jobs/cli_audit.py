@@ -9,7 +9,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from docintel.jobs.ui import ConfigOpt, console, fail, out, run_with_progress, warn_partial
+from docintel.jobs.ui import (
+    ConfigOpt,
+    ProgressOpt,
+    console,
+    fail,
+    out,
+    run_with_progress,
+    warn_partial,
+)
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import DocintelError
 
@@ -34,7 +42,6 @@ DateOpt = Annotated[
         "no-op; an interrupted one is resumed."
     ),
 ]
-ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
 
 
 def audit(

@@ -21,6 +21,7 @@ from rich.progress import (
 from docintel.jobs.ui import (
     PROGRESS_ENV,
     ConfigOpt,
+    ProgressOpt,
     console,
     fail,
     out,
@@ -79,7 +80,6 @@ RayAddressOpt = Annotated[
         "an embedded one."
     ),
 ]
-ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
 
 
 def run(

@@ -38,6 +38,8 @@ ConfigOpt = Annotated[
     ),
 ]
 
+ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
+
 F = TypeVar("F", bound=Callable[..., Any])
 _INDENTED = re.compile(r"^\s")
 
