@@ -272,6 +272,11 @@ class Lease:
         if current is None:
             return self._try()  # released between our two requests
         theirs = Claim.decode(current[0])
+        if theirs.holder == self.holder:
+            # our own write landed but its answer was lost and the retried request was
+            # refused by its own condition: the claim is ours
+            self.tag = current[1]
+            return None
         if theirs.expires > time.time() and not holder_is_dead(theirs.holder):
             return theirs
         tag = self.store.swap(self._claim(), current[1])
@@ -298,12 +303,18 @@ class Lease:
             if self.lost or self.tag is None:
                 return
             tag = self.store.swap(self._claim(), self.tag)
-            if tag is None:
-                current = self.store.read()
-                who = Claim.decode(current[0]).describe() if current else "nobody (deleted)"
-                self.lost = f"the lease on {self.where} was taken over: now held {who}"
-            else:
+            if tag is not None:
                 self.tag = tag
+                return
+            current = self.store.read()
+            theirs = Claim.decode(current[0]) if current else None
+            if current is not None and theirs is not None and theirs.holder == self.holder:
+                # a retried renewal: the first attempt landed, its answer was lost, and
+                # the retry's If-Match named the version it had just replaced
+                self.tag = current[1]
+                return
+            who = theirs.describe() if theirs else "nobody (deleted)"
+            self.lost = f"the lease on {self.where} was taken over: now held {who}"
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):

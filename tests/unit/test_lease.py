@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from docintel.pipeline.config import StorageConfig
-from docintel.pipeline.lease import LEASE_FILE, Claim, Lease, LeaseHeld, LeaseLost
+from docintel.pipeline.lease import LEASE_FILE, Claim, Lease, LeaseHeld, LeaseLost, LocalStore
 
 FS = pafs.LocalFileSystem()
 STORAGE = StorageConfig()
@@ -121,3 +121,48 @@ def test_a_damaged_lease_file_counts_as_expired(tmp_path: Path) -> None:
     (tmp_path / LEASE_FILE).write_text("{not json")
     with _lease(tmp_path):
         pass
+
+
+class AnswerLost:
+    """A store whose first answer to each write is lost, so the client sends it again.
+
+    This is what boto3's retries do when a PUT lands but its response does not arrive:
+    the retry carries the same condition and is refused by the version it just wrote.
+    """
+
+    def __init__(self, inner: LocalStore) -> None:
+        self.inner = inner
+
+    def read(self) -> tuple[bytes, str] | None:
+        return self.inner.read()
+
+    def create(self, data: bytes) -> str | None:
+        self.inner.create(data)
+        return self.inner.create(data)  # the retry: refused, the object exists
+
+    def swap(self, data: bytes, tag: str) -> str | None:
+        self.inner.swap(data, tag)
+        return self.inner.swap(data, tag)  # the retry: refused, the tag is stale
+
+    def delete(self, tag: str) -> None:
+        self.inner.delete(tag)
+
+
+def test_a_write_whose_answer_was_lost_keeps_the_claim(tmp_path: Path) -> None:
+    """A lost answer and a refused retry of our own write are not a take-over."""
+    a = _lease(tmp_path, "run A", ttl=30)
+    a.store = AnswerLost(LocalStore(str(tmp_path / LEASE_FILE)))
+    a.acquire()  # the create landed, its retry was refused: the claim is ours all the same
+    try:
+        for _ in range(3):
+            before = json.loads((tmp_path / LEASE_FILE).read_text())["expires"]
+            time.sleep(0.01)
+            a.renew()
+            a.check()
+            assert json.loads((tmp_path / LEASE_FILE).read_text())["expires"] > before
+        _plant(tmp_path, "elsewhere.example:1:1:x", expires_in=600)  # a real take-over
+        a.renew()
+        with pytest.raises(LeaseLost, match="taken over"):
+            a.check()
+    finally:
+        a.release()
