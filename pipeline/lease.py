@@ -228,7 +228,11 @@ class S3Store:
 
 
 def store_for(fs: pafs.FileSystem, folder: str, storage: StorageConfig) -> Store:
-    path = f"{folder.rstrip('/')}/{LEASE_FILE}"
+    return store_at(fs, f"{folder.rstrip('/')}/{LEASE_FILE}", storage)
+
+
+def store_at(fs: pafs.FileSystem, path: str, storage: StorageConfig) -> Store:
+    """Compare-and-swap on the small object at ``path`` (the lease, the audit state)."""
     if is_local(fs):
         return LocalStore(path)
     bucket, _, key = path.partition("/")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 import pyarrow as pa
@@ -68,6 +68,21 @@ class ConfiguredS3FileSystem(pafs.S3FileSystem):
 
     def __reduce__(self) -> tuple[type[ConfiguredS3FileSystem], tuple[str, str, int]]:
         return (ConfiguredS3FileSystem, self._settings)
+
+    def boto3_client(self) -> Any:
+        """A boto3 S3 client with the same endpoint, region and retries, for what pyarrow
+        lacks: conditional writes, batch deletes without folder markers."""
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        endpoint, region, attempts = self._settings
+        retries = {"max_attempts": attempts, "mode": "standard"}
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint or None,
+            region_name=region or None,
+            config=BotoConfig(retries=retries),  # type: ignore[arg-type]
+        )
 
 
 def check_endpoint(endpoint: str, source: str) -> SplitResult:

@@ -176,7 +176,7 @@ def _audit_one(
     entry = _state_entry(lay, record, selection, report["counts"])
     audit.lease.renew()  # the state is committed under a claim that is fresh and ours
     audit.lease.check()
-    commit_state(lay, day, state, selection, entry)
+    commit_state(lay, day, state, selection, entry, cfg.storage)
     return _summary(audit, entry, selection, models, resumed, run_summary)
 
 

@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import ConfigError, OutputError
+from docintel.pipeline.lease import store_at
 from docintel.pipeline.schema import DOC_ID
 from docintel.pipeline.sink import atomic_write
 from docintel.pipeline.storage import display_uri
@@ -238,6 +240,27 @@ def drop_incomplete_staging(lay: AuditLayout, day: str, done: dict[str, Any]) ->
             lay.fs.delete_dir(path)
 
 
+def _swap_state(
+    lay: AuditLayout,
+    storage: StorageConfig,
+    expected: dict[str, Any] | None,
+    new: dict[str, Any],
+) -> None:
+    store = store_at(lay.fs, lay.state, storage)
+    current = store.read()
+    seen = json.loads(current[0].decode()) if current else None
+    data = json.dumps(new, indent=2, default=str).encode()
+    if seen == expected:
+        tag = store.create(data) if current is None else store.swap(data, current[1])
+        if tag is not None:
+            return
+    raise OutputError(
+        f"{lay.uri(lay.state)} changed while this audit ran (another writer, outside the "
+        f"{lay.uri(lay.audit_dir)} lease); this night's state was not committed. Check who "
+        "else writes there, then rerun the audit: its run resumes from what is written"
+    )
+
+
 def read_index(lay: AuditLayout) -> pa.Table:
     """The doc index of the last completed audit, checked against :data:`INDEX_SCHEMA`."""
     with lay.fs.open_input_file(lay.index) as f:
@@ -257,8 +280,15 @@ def commit_state(
     state: dict[str, Any] | None,
     selection: dict[str, Any],
     entry: dict[str, Any],
+    storage: StorageConfig,
 ) -> None:
-    """Index first, state last: the state names the audit complete only when all is there."""
+    """Index first, state last: the state names the audit complete only when all is there.
+
+    The state is replaced by a compare-and-swap against the version this audit read
+    (``If-Match`` on its ETag on S3; locally under the file's lock, or an exclusive create
+    for the first audit): a change by anyone else meanwhile fails the commit instead of
+    being overwritten. The ``_audit/`` lease already keeps other docintel audits out; this
+    also guards against a writer that ignores it."""
     pending = lay.pending_index(day)
     with lay.fs.open_input_file(pending) as f:
         index = pq.read_table(f)
@@ -272,5 +302,5 @@ def commit_state(
         "files": selection["files"],
         "audits": sorted([*audits, entry], key=lambda a: a["date"]),
     }
-    write_json(lay, lay.state, new_state)
+    _swap_state(lay, storage, state, new_state)
     lay.fs.delete_file(pending)  # it is doc_index.parquet now; the staging stays as a record

@@ -22,9 +22,8 @@ from typer.testing import CliRunner
 
 from docintel.actors.runner import execute
 from docintel.jobs.cli import app
-from docintel.pipeline.artefacts import bundled_classifier_dir
 from docintel.pipeline.audit import AuditSummary, run_audit
-from docintel.pipeline.config import Config
+from docintel.pipeline.config import ClassifyConfig, Config
 from docintel.pipeline.errors import ConfigError, InputError, RunFailed, UsageError
 from tests.conftest import REPO, assert_exactly_once, run_config, sigkill_after_parts, write_docs
 from tests.integration.test_s3 import (  # moto's S3 server on loopback and its helpers
@@ -307,7 +306,7 @@ def test_model_change_reprocesses_every_document(nights: Nights, tmp_path: Path)
     out = tmp_path / "copy"
     shutil.copytree(nights.out, out)
     clf = tmp_path / "finsent-v2"  # same weights, another folder: another fingerprint
-    shutil.copytree(bundled_classifier_dir(), clf)
+    shutil.copytree(ClassifyConfig().resolved_model_dir(), clf)  # the default head
     cfg = _cfg(**{"classify.model_dir": str(clf)})
     s = run_audit(cfg, str(nights.source), str(out), "2026-01-04", execute)
     current = sorted(nights.a + nights.b[:9] + nights.c)
@@ -432,3 +431,31 @@ def test_audit_on_s3_works_as_locally(request: pytest.FixtureRequest, headlines:
     assert state()["files"][f"{IN_BUCKET}/audit/a.parquet"] != stamp  # read, found unchanged
     again = run_audit(cfg, src, out, D1, execute)
     assert again.already_complete and again.documents == 8
+
+
+def test_a_state_changed_behind_the_lease_is_not_overwritten(
+    nights: Nights, tmp_path: Path, headlines: list[str]
+) -> None:
+    """The state is committed by compare-and-swap against the version the audit read: a
+    writer that ignores the _audit/ lease and rewrites state.json during the night makes
+    the commit fail (exit 2 class), and its version stays."""
+    from docintel.pipeline.errors import OutputError
+
+    out = tmp_path / "out"
+    shutil.copytree(nights.out, out)
+    src = tmp_path / "source"
+    shutil.copytree(nights.source, src)
+    _write(src / "d.parquet", ["d0", "d1"], _texts(headlines, 30, 2))
+    state_file = out / "_audit" / "state.json"
+    theirs = json.loads(state_file.read_text())
+    theirs["note"] = "written by someone else"
+
+    def execute_then_meddle(*args: Any, **kwargs: Any) -> Any:
+        summary = execute(*args, **kwargs)
+        state_file.write_text(json.dumps(theirs))  # behind the lease's back
+        return summary
+
+    with pytest.raises(OutputError, match=r"state\.json changed while this audit ran"):
+        run_audit(_cfg(), str(src), str(out), "2026-01-04", execute_then_meddle)
+    assert json.loads(state_file.read_text()) == theirs
+    assert not (out / "_audit" / "_lease.json").exists()  # released all the same

@@ -118,4 +118,6 @@ def test_sigkill_driver_then_resume_redoes_only_uncommitted(
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["resumed_batches"] == done_before
     assert manifest["counts"]["batches"] == 40
-    assert len(list((out / "documents").glob("part-*.parquet"))) == 40
+    # all 40 small batches, both invocations', were merged into one part per table
+    assert manifest["parts"]["merged_batches"] == 40
+    assert [p.name[:12] for p in (out / "documents").iterdir()] == ["part-merged-"]

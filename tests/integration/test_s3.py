@@ -26,10 +26,11 @@ import ray
 
 import docintel.actors.cluster
 from docintel.actors.runner import execute
-from docintel.pipeline.config import Config, StorageConfig, load_config
+from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError, OutputError, UsageError
 from docintel.pipeline.sink import resolve_output
 from docintel.pipeline.source import resolve_input
+from tests.conftest import run_config
 
 # Test-only credentials, set when pytest imports this module: collection ends before any
 # test runs, so they are in place before the session's Ray starts (tests/integration/
@@ -142,7 +143,7 @@ def _cfg(endpoint: str, **overrides: object) -> Config:
         "storage.s3_endpoint": endpoint,
     }
     base.update(overrides)
-    return load_config(None, base)
+    return run_config(**base)
 
 
 def _read_tables(endpoint: str, root: str) -> dict[str, pd.DataFrame]:
@@ -220,8 +221,11 @@ def test_s3_input_to_s3_output_every_document_once(
     }
     assert all(k.startswith("run1/") for k in keys)
     parts = [k for k in keys if k.count("/") == 2]
-    assert len(parts) == 3 * summary.batches
-    assert all(k.rsplit("/", 1)[-1].startswith("part-") and k.endswith(".parquet") for k in parts)
+    # the small batches' parts were merged at the end: one file per table, members deleted
+    assert manifest["parts"]["merged_batches"] == summary.batches
+    assert len(parts) == 3
+    assert all(k.rsplit("/", 1)[-1].startswith("part-merged-") for k in parts), parts
+    assert all(k.endswith(".parquet") for k in parts)
 
 
 def test_resume_on_s3_redoes_only_the_lost_batch(
@@ -230,7 +234,9 @@ def test_resume_on_s3_redoes_only_the_lost_batch(
     ids = [f"r{i:02d}" for i in range(12)]
     _put_docs(s3, IN_BUCKET, "resume/in.parquet", ids, headlines[20:32])
     inp, out = f"s3://{IN_BUCKET}/resume/in.parquet", f"s3://{OUT_BUCKET}/resume"
-    cfg = _cfg(s3_endpoint, **{"run.run_id": "s3-r1", "run.embeddings": False})
+    # one part per batch (no merging), so a crash can be staged by deleting one
+    overrides = {"run.run_id": "s3-r1", "run.embeddings": False, "run.part_target_mb": 0}
+    cfg = _cfg(s3_endpoint, **overrides)
     first = execute(cfg, inp, out)
     assert first.batches == 3 and first.skipped_batches == 0
     before, _ = _assert_exactly_once_s3(s3, s3_endpoint, OUT_BUCKET, "resume", ids)
@@ -308,7 +314,7 @@ def test_aws_endpoint_url_alone_reaches_an_s3_compatible_store(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     ids = [f"e{i}" for i in range(6)]
     _put_docs(s3, IN_BUCKET, "envcorpus/a.parquet", ids, headlines[:6])
-    cfg = load_config(None, {"run.batch_size": 4, "run.show_progress": False})
+    cfg = run_config()
     assert cfg.storage.s3_endpoint == ""
     summary = execute(cfg, f"s3://{IN_BUCKET}/envcorpus/", f"s3://{OUT_BUCKET}/envrun/")
     assert summary.documents == 6

@@ -34,9 +34,10 @@ from typing_extensions import override
 import docintel.actors.cluster
 import docintel.actors.executor
 from docintel.actors.runner import execute
-from docintel.pipeline.config import Config, StorageConfig, load_config
+from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError, UsageError
 from docintel.pipeline.storage import s3_filesystem
+from tests.conftest import run_config
 
 # Importing test_s3 puts its test-only AWS credentials into os.environ while pytest collects,
 # before any test (and so before the session's ray.init) runs: Ray workers inherit them.
@@ -54,7 +55,8 @@ DROP_EVERY = 11  # forwarded to S3, then the connection closes without an answer
 # before it is let through: more than pyarrow's default of 3 attempts, so the run only
 # completes if the workers' filesystems keep [storage] s3_attempts (6 by default).
 PUT_BURST = 3
-BURST_PATH = re.compile(r"/documents/part-[^/]+\.parquet$")
+# a batch's own documents part (not the merged part compaction writes at the end)
+BURST_PATH = re.compile(r"/documents/part-(?!merged-)[^/]+\.parquet$")
 # No request (same method, path, query and byte range) fails more often than this in the
 # whole run, so with s3_attempts above it the outcome does not depend on how concurrent
 # requests happen to interleave with the schedule.
@@ -345,10 +347,7 @@ def credentialed_ray(ray_cluster: None) -> None:
 
 
 def _cfg(endpoint: str) -> Config:
-    return load_config(
-        None,
-        {"run.batch_size": 3, "run.show_progress": False, "storage.s3_endpoint": endpoint},
-    )
+    return run_config(**{"run.batch_size": 3, "storage.s3_endpoint": endpoint})
 
 
 def _put_docs(s3: Any, key: str, ids: list[str], texts: list[str], row_group_size: int) -> None:
@@ -406,6 +405,8 @@ def test_transient_s3_faults_are_retried_and_nothing_is_lost(
     assert summary.documents == 36 and summary.batches == 14 and summary.errors == 0
     manifest = s3.get_object(Bucket=OUT_BUCKET, Key="flaky/_manifest.json")["Body"].read()
     assert json.loads(manifest)["counts"]["documents"] == 36
+    # the 14 small batches were merged at the end, through the same faults
+    assert json.loads(manifest)["parts"]["merged_batches"] == 14
 
     faults = flaky.faults()
     kinds = {f.fault for f in faults}
