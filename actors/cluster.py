@@ -11,12 +11,12 @@ from typing import Any
 
 import ray
 
-from docintel.actors.resources import actor_options, check_layout
-from docintel.actors.stages import ACTOR_CLASSES
-from docintel.pipeline.config import Config
-from docintel.pipeline.dispatch import Dispatcher, Replica
-from docintel.pipeline.errors import DocintelError, RunFailed
-from docintel.pipeline.layout import GPU_POOL, build_stage, stage_layout
+from docintel.actors.pools import PoolManager, actor_name, current_shape
+from docintel.actors.resources import check_layout
+from docintel.pipeline.config import AUTO, Config
+from docintel.pipeline.layout import Pool, stage_layout
+
+__all__ = ["actor_name", "current_shape", "ray_session", "stage_pools"]
 
 # Environment of every worker: quiet frameworks, no hub access, no tokenizer fork warnings.
 WORKER_ENV = {
@@ -35,6 +35,7 @@ WORKER_ENV = {
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # token: every Ray API and internal call needs the token
 TOKEN_ENVS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # a token the user chose wins
+IDLE_WORKER_KEEP_MS = 600_000  # idle task workers of the embedded Ray live 10 minutes
 TOKEN_BYTES = 32  # as `ray get-auth-token --generate` makes it: 64 hex characters
 
 
@@ -94,10 +95,15 @@ def ray_session(cfg: Config) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    # Quiet by default: docintel prints its own progress and summary; Ray's notices and
+    # the frameworks' lines from the actors (TensorFlow's oneDNN/absl, tracer warnings) go
+    # to Ray's log files (/tmp/ray/session_latest/logs) unless run.verbose (--verbose).
+    # Errors still reach the driver: a failed call raises there with its traceback.
+    verbose = cfg.run.verbose
     kwargs: dict[str, Any] = {
         "runtime_env": {"env_vars": WORKER_ENV},
-        "logging_level": "WARNING",
-        "log_to_driver": True,
+        "logging_level": "WARNING" if verbose else "ERROR",
+        "log_to_driver": verbose,
     }
     local = not cfg.run.ray_address
     if not local:
@@ -106,8 +112,15 @@ def ray_session(cfg: Config) -> Iterator[None]:
         kwargs.update(
             address="local",  # always a new embedded instance, never a stale or other cluster
             num_cpus=cfg.run.num_cpus or os.cpu_count(),
-            num_gpus=cfg.run.num_gpus,
+            # "auto": Ray detects the machine's GPUs; N: N logical GPUs (checked in prepare)
+            num_gpus=None if cfg.run.num_gpus == AUTO else cfg.run.num_gpus,
             include_dashboard=False,
+            # Read and write tasks reuse idle workers instead of starting a new Python
+            # process each: Ray kills idle workers above one per CPU after 1 s, and with
+            # the stage actors holding those, most I/O tasks paid a process start (the
+            # demo: 30 workers started for 74 tasks; 6 with this). They stay bounded by
+            # the I/O tasks that run at once.
+            _system_config={"idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS},
         )
         if cfg.run.object_store_mb:
             kwargs["object_store_memory"] = cfg.run.object_store_mb * 1024 * 1024
@@ -119,49 +132,21 @@ def ray_session(cfg: Config) -> Iterator[None]:
             ray.shutdown()
 
 
-def actor_name(run_id: str, replica_key: str) -> str:
-    """``docintel:<run id>:<stage>/<pool>/<index>``, unique per run on a cluster."""
-    return f"docintel:{run_id}:{replica_key}"
-
-
 @contextlib.contextmanager
 def stage_pools(
     cfg: Config,
     run_id: str,
-) -> Iterator[tuple[dict[str, Any], Dispatcher, dict[str, dict[str, Any]]]]:
-    """Start every stage replica, wait until each has loaded its model, kill them after.
-
-    Yields the actor handles by replica key, the dispatcher over them, and per stage the
-    backend and model version its replicas report.
-    """
-    cluster = ray.cluster_resources()
-    check_layout(cfg, cluster.get("CPU", 0.0), cluster.get("GPU", 0.0))
-    actors: dict[str, Any] = {}
-    pools: dict[str, list[Replica]] = {}
-    for stage, layout in stage_layout(cfg).items():
-        cls = ray.remote(ACTOR_CLASSES[stage])
-        pools[stage] = []
-        for pool in layout:
-            delay = cfg.faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
-            for i in range(pool.replicas):
-                rep = Replica(stage, i, pool.kind, pool.max_in_flight)
-                opts = actor_options(pool, actor_name(run_id, rep.key))
-                actors[rep.key] = cls.options(**opts).remote(build_stage(cfg, pool), delay)
-                pools[stage].append(rep)
-    keys = list(actors)
+    layout: dict[str, list[Pool]] | None = None,
+) -> Iterator[PoolManager]:
+    """Start every stage replica (``layout``, default: the config's sized to the connected
+    cluster), wait until each has loaded its model, and kill them all after. The manager
+    keeps the pools in step with the cluster while the run goes on (actors/pools.py)."""
+    shape = current_shape()
+    layout = layout or stage_layout(cfg, shape)
+    check_layout(cfg, layout, shape)
+    manager = PoolManager(cfg, run_id, layout)
     try:
-        try:
-            infos = ray.get([actors[k].ready.remote() for k in keys])
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause
-            if isinstance(cause, DocintelError):
-                raise cause from None
-            raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
-        stage_info: dict[str, dict[str, Any]] = {}
-        for key, info in zip(keys, infos, strict=True):
-            entry = stage_info.setdefault(key.split("/")[0], {**info, "backends": []})
-            entry["backends"].append(info["backend"])
-        yield actors, Dispatcher(pools), stage_info
+        manager.start()
+        yield manager
     finally:
-        for handle in actors.values():  # free their CPUs for the next run on this cluster
-            ray.kill(handle)
+        manager.close()

@@ -16,12 +16,13 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.exceptions import RayError
 
+from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import task_options
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
@@ -53,6 +54,7 @@ class _Flight:
     batch_id: str
     read_ref: ray.ObjectRef  # kept so a failed chain can restart from the read
     attempts: int = 1
+    pools: dict[str, str] = field(default_factory=dict)  # stage -> pool that served it
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Executor:
         sink: Sink,
         io_cpus: float,
         max_batches: int,
+        on_tick: Callable[[float], None] | None = None,
+        metrics: RunMetrics | None = None,
     ) -> None:
         self.actors = actors  # replica key -> actor handle
         self.dispatcher = dispatcher
@@ -84,7 +88,11 @@ class Executor:
         self.batch_size = batch_size
         self.sink = sink
         self.io_cpus = io_cpus
+        # batches between read and write at once; 0 = two per replica slot, recounted as
+        # replicas join and leave
         self.max_batches = max_batches
+        self.on_tick = on_tick  # the pool manager's poll: joins, leaves, starvation
+        self.metrics = metrics
         # Seconds batches spent ready for a stage but held on the driver (no slot granted).
         self.held_s: Counter[str] = Counter()
 
@@ -113,9 +121,10 @@ class Executor:
         while True:
             # Admission counts batches: a unit goes in when its batches fit under the cap
             # (or, bigger than the cap, when nothing else is in flight).
-            while unit is not None and (
-                admitted == 0 or admitted + len(unit.batch_ids) <= self.max_batches
-            ):
+            if self.on_tick:
+                self.on_tick(time.monotonic())
+            cap = self.max_batches or 2 * sum(self.dispatcher.slots(s) for s in STAGE_ORDER)
+            while unit is not None and (admitted == 0 or admitted + len(unit.batch_ids) <= cap):
                 for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
                     if batch_id in skip:
                         continue
@@ -126,7 +135,12 @@ class Executor:
                 unit = next(todo, None)
             self._dispatch(queues, pending, time.monotonic())
             if not pending:
-                break
+                if not any(queues.values()):
+                    break
+                # batches wait for a replica of their stage: every one left with its node;
+                # the pool manager (on_tick) starts new ones, or fails the run in time
+                time.sleep(WAIT_TIMEOUT_S)
+                continue
             ready, _ = ray.wait(
                 list(pending), num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
             )
@@ -135,18 +149,10 @@ class Executor:
                     list(pending), num_returns=len(pending), timeout=0, fetch_local=False
                 )
             now = time.monotonic()  # one timestamp per poll: see Dispatcher.release
-            for ref in ready:
-                flight, stage, replica = pending.pop(ref)
-                if replica is not None:
-                    self.dispatcher.release(replica, now)
-                if stage != WRITE:
-                    queues[_next(stage)].append((flight, ref, now))
-                    continue
-                stats = self._finish(flight, ref, queues)
-                if stats is not None:
-                    admitted -= 1
-                    done.append(stats)
-                    on_batch(stats)
+            for stats in self._settle(ready, pending, queues, now):
+                admitted -= 1
+                done.append(stats)
+                on_batch(stats)
         replicas, held = self.dispatcher.stats(), dict(self.held_s)
         log.info(
             "dispatch: %s; held on the driver (s): %s",
@@ -156,6 +162,32 @@ class Executor:
         )
         return done
 
+    def _settle(
+        self, ready: list[ray.ObjectRef], pending: dict, queues: dict, now: float
+    ) -> list[BatchStats]:
+        """Move finished calls on to their next stage; the batches written."""
+        written = []
+        for ref in ready:
+            flight, stage, replica = pending.pop(ref)
+            if replica is not None:
+                self.dispatcher.release(replica, now)
+                if self.metrics:
+                    self.metrics.call_done(stage, replica.pool, self._spilled(replica))
+            if stage != WRITE:
+                queues[_next(stage)].append((flight, ref, now))
+                continue
+            stats = self._finish(flight, ref, queues)
+            if stats is not None:
+                written.append(stats)
+                if self.metrics:
+                    self.metrics.batch_written(
+                        flight.pools, stats.sentences, stats.documents, stats.errors
+                    )
+        if self.metrics:
+            for s in STAGE_ORDER:
+                self.metrics.held(s, len(queues[s]))
+        return written
+
     def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
         for stage in STAGE_ORDER:
             q = queues[stage]
@@ -164,6 +196,7 @@ class Executor:
                 if replica is None:
                     break
                 flight, ref, ready_at = q.popleft()
+                flight.pools[stage] = replica.pool
                 self.held_s[stage] += now - ready_at
                 out = self.actors[replica.key].process.remote(ref)
                 pending[out] = (flight, stage, replica)
@@ -185,8 +218,16 @@ class Executor:
                     f"batch {flight.batch_id} failed {flight.attempts} times; last error: {e}"
                 ) from e
             flight.attempts += 1
+            if self.metrics:
+                self.metrics.retried()
             queues[STAGE_ORDER[0]].append((flight, flight.read_ref, time.monotonic()))
             return None
+
+    def _spilled(self, replica: Replica) -> bool:
+        """A call on a CPU replica of a stage that also has GPU replicas."""
+        return replica.pool == "cpu" and any(
+            r.pool == "gpu" for r in self.dispatcher.pools[replica.stage]
+        )
 
 
 def _next(stage: str) -> str:

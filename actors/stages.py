@@ -9,8 +9,12 @@ import os
 import time
 from typing import Any, ClassVar
 
+from docintel.actors.metrics import report_gpu_memory
 from docintel.pipeline.batch import Batch
+from docintel.pipeline.schema import BACKEND_GPU_BF16, BACKEND_GPU_FP16, BACKEND_GPU_FP32
 from docintel.pipeline.stages import Stage, run_stage
+
+CUDA_BACKENDS = (BACKEND_GPU_FP16, BACKEND_GPU_BF16, BACKEND_GPU_FP32)  # not gpu-sim
 
 
 class StageActor:
@@ -19,9 +23,10 @@ class StageActor:
 
     stage_name: ClassVar[str]
 
-    def __init__(self, stage: Stage, delay_s: float = 0.0) -> None:
+    def __init__(self, stage: Stage, delay_s: float = 0.0, key: str = "") -> None:
         self.stage = stage
         self.delay_s = delay_s  # test-only slowdown ([faults] gpu_delay_s)
+        self.key = key  # stage/pool/index, for metrics
         self.setup_error: Exception | None = None
         try:
             stage.setup()
@@ -31,14 +36,24 @@ class StageActor:
     def ready(self) -> dict[str, Any]:
         if self.setup_error is not None:
             raise self.setup_error
-        return {"backend": self.stage.backend, "version": self.stage.version, "pid": os.getpid()}
+        import ray
+
+        return {
+            "backend": self.stage.backend,
+            "version": self.stage.version,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+        }
 
     def process(self, batch: Batch) -> Batch:
         if self.setup_error is not None:
             raise self.setup_error
         if self.delay_s:
             time.sleep(self.delay_s)
-        return run_stage(self.stage, batch)
+        out = run_stage(self.stage, batch)
+        if self.stage.backend in CUDA_BACKENDS:
+            report_gpu_memory(self.stage_name, self.key)
+        return out
 
 
 class SentencizeActor(StageActor):

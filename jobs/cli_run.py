@@ -63,11 +63,22 @@ SpillOpt = Annotated[
         "gpu-only, cpu-only, or off (no spill).",
     ),
 ]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        help="Also show Ray's notices and the stage actors' framework log lines "
+        "(TensorFlow, ONNX export); by default they go to Ray's log files under "
+        "/tmp/ray/session_latest/logs and only docintel's progress and summary show.",
+    ),
+]
 GpusOpt = Annotated[
     int | None,
     typer.Option(
-        help="GPUs declared to the embedded local Ray; logical ones work on machines "
-        "without GPUs (GPU replicas then run on the CPU as gpu-sim).",
+        help="GPUs declared to the embedded local Ray. Default: every GPU the machine has "
+        "(detected), each shared by one replica of every stage. On a machine without GPUs, "
+        "N logical GPUs schedule GPU replicas that run on the CPU, labelled gpu-sim; with "
+        "CUDA, at most the number of cards.",
     ),
 ]
 CpusOpt = Annotated[
@@ -96,6 +107,7 @@ def run(
     num_cpus: CpusOpt = None,
     ray_address: RayAddressOpt = None,
     progress: ProgressOpt = True,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the pipeline over INPUT and write the result tables to OUTPUT.
 
@@ -120,6 +132,7 @@ def run(
         "run.num_gpus": gpus,
         "run.ray_address": ray_address,
         "run.show_progress": None if progress else False,
+        "run.verbose": True if verbose else None,
     }
     try:
         summary = run_with_progress(execute, load_config(config, overrides), input, output)

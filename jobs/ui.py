@@ -145,5 +145,7 @@ def print_run_summary(s: Any) -> None:
     for stage, counts in s.backends.items():
         served = ", ".join(f"{b}: {n}" for b, n in sorted(counts.items()))
         t.add_row(f"{stage} batches by backend", served)
+    for stage, pools in getattr(s, "replicas", {}).items():
+        t.add_row(f"{stage} replicas", ", ".join(f"{k}: {n}" for k, n in sorted(pools.items())))
     t.add_row("output", s.output)
     out.print(t)

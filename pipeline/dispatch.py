@@ -53,6 +53,9 @@ class Replica:
     service_s: float | None = None  # EWMA of measured call times; None until one finishes
     submitted: deque[float] = field(default_factory=deque)  # calls in flight, oldest first
     last_done: float = -math.inf  # when the driver last saw one of its calls finish
+    # Where it runs and how (from the replica's ready(); the manifest's replicas list).
+    node: str = ""
+    backend: str = ""
     # Totals for reports (bench/spill.py, the executor's end-of-run log line).
     calls: int = 0
     busy_s: float = 0.0  # measured service time, summed

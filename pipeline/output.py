@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from docintel.pipeline import compact
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS
 from docintel.pipeline.errors import RunFailed, UsageError
 from docintel.pipeline.lease import Lease
@@ -63,6 +64,7 @@ class RunSummary:
     processing_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, dict[str, int]] = field(default_factory=dict)
+    replicas: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> pool -> n
     already_complete: bool = False
     skipped_files: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -105,12 +107,15 @@ class ErrorBudget:
 
 
 def _committed(fs: pafs.FileSystem, root: str) -> set[str]:
+    """Batches with their own documents part (not merged ones: see compact.recover)."""
     sel = pafs.FileSelector(f"{root}/documents", allow_not_found=True)
     names = (info.base_name for info in fs.get_file_info(sel))
     return {
         n[len("part-") : -len(".parquet")]
         for n in names
-        if n.startswith("part-") and n.endswith(".parquet")
+        if n.startswith("part-")
+        and n.endswith(".parquet")
+        and not n.startswith(f"part-{compact.MERGED}")
     }
 
 
@@ -162,6 +167,11 @@ class RunOutput:
         self.served: dict[str, Counter[str]] = {}
         self.totals: Counter[str] = Counter()  # documents, sentences, errors, tokens
         self.written = 0  # batches this invocation wrote
+        # batches an earlier invocation committed and merged: their stats, from the footers
+        # of the merged documents parts (compact.recover)
+        self.merged: dict[str, BatchStats] = {}
+        self.compaction: dict[str, Any] = {}  # what compaction did, for the manifest
+        self.replicas: list[dict[str, Any]] = []  # every replica of this invocation
 
     @classmethod
     def open(cls, p: Plan, output_uri: str, run_id: str) -> RunOutput:
@@ -194,7 +204,11 @@ class RunOutput:
         state = read_json(fs, f"{root}/{RUN_STATE}")
         if state is not None:
             _check_resumable(state, p, output_uri, run_id)
-            return cls(p, output_uri, fs, root, run_id, _committed(fs, root), None, lease)
+            merged = compact.recover(fs, root)  # first: it settles what a crash left
+            out = cls(p, output_uri, fs, root, run_id, _committed(fs, root), None, lease)
+            out.resumed |= merged.keys()
+            out.merged = merged
+            return out
         _check_fresh(fs, root, output_uri)
         run_id = run_id or f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         state = {"run_id": run_id, "input": p.input_uri, "started": _now()}
@@ -253,7 +267,8 @@ class RunOutput:
         """Check the counts against the plan, then write the manifest last."""
         self.lease.check()
         for batch_id in sorted(self.resumed):  # an earlier invocation's: footers only
-            self._count(read_batch_stats(self.fs, self.root, batch_id))
+            merged = self.merged.get(batch_id)
+            self._count(merged or read_batch_stats(self.fs, self.root, batch_id))
         counts = self.totals
         if counts["documents"] != self.plan.n_documents:
             raise RunFailed(
@@ -299,6 +314,14 @@ class RunOutput:
                 "stage_seconds": summary.stage_seconds,
             },
             "backends": summary.backends,
+            # every replica this invocation had: where it ran, what it served, its life
+            "replicas": self.replicas,
+            # files per table after compaction (run.part_target_mb), and what it merged
+            "parts": {
+                "target_mb": p.cfg.run.part_target_mb,
+                **self.compaction,
+                "tables": compact.part_counts(self.fs, self.root),
+            },
             "warnings": p.warnings,
             "partial": bool(p.skipped_files),
             "skipped_files": p.skipped_files,

@@ -8,6 +8,7 @@ torch or TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import sys
@@ -26,8 +27,17 @@ from docintel.pipeline.artefacts import (
     classifier_int8_path,
 )
 from docintel.pipeline.config import Config
-from docintel.pipeline.errors import ModelError
-from docintel.pipeline.layout import chain_stages, int8_stages, onnx_fp32_needed, stage_layout
+from docintel.pipeline.errors import ConfigError, ModelError
+from docintel.pipeline.layout import (
+    ClusterShape,
+    Pool,
+    chain_stages,
+    check_declared_gpus,
+    expected_shape,
+    int8_stages,
+    onnx_fp32_needed,
+    stage_layout,
+)
 from docintel.pipeline.schema import DOC_ID, TEXT
 from docintel.pipeline.source import (
     InputFile,
@@ -38,7 +48,7 @@ from docintel.pipeline.source import (
     split_readable,
 )
 from docintel.pipeline.stages import check_chain
-from docintel.pipeline.stages.classify import read_classifier_meta
+from docintel.pipeline.stages.classify import check_head_encoder, read_classifier_meta
 from docintel.pipeline.stages.embed import check_encoder_dir, embedding_dim
 from docintel.pipeline.versions import fingerprint
 
@@ -81,16 +91,32 @@ class _Derived:
     stage: str
 
 
-def _derived(cfg: Config) -> list[_Derived]:
-    """Every derived model the layout runs, where the cache keeps it (by model version)."""
-    layout = stage_layout(cfg)
+def _layouts(cfg: Config) -> list[dict[str, list[Pool]]]:
+    """The layouts this run may start: the embedded Ray's, known before it starts; for a
+    cluster joined by address (its shape is known only once connected), both what a CPU
+    cluster and what a GPU cluster would run."""
+    shape = expected_shape(cfg)
+    if shape is not None:
+        return [stage_layout(cfg, shape)]
+    out = []
+    for guess in (ClusterShape.of(64), ClusterShape.of(64, 1)):
+        with contextlib.suppress(ConfigError):  # e.g. gpu-only on a CPU cluster
+            out.append(stage_layout(cfg, guess))
+    return out
+
+
+def _derived(cfg: Config, layout: dict[str, list[Pool]] | None = None) -> list[_Derived]:
+    """Every derived model the layout runs (default: any layout this run may start), where
+    the cache keeps it (by model version)."""
+    layouts = [layout] if layout is not None else _layouts(cfg)
     folder = cfg.embed.resolved_int8_dir()
     out = []
-    if onnx_fp32_needed(cfg, layout):
+    if any(onnx_fp32_needed(cfg, lay) for lay in layouts):
         out.append(_Derived("fused fp32 ONNX encoder", folder / FP32_MODEL_FILE, "fp32", "embed"))
-    if "embed" in int8_stages(layout):
+    int8 = {s for lay in layouts for s in int8_stages(lay)}
+    if "embed" in int8:
         out.append(_Derived("int8 encoder", folder / INT8_MODEL_FILE, "int8", "embed"))
-    if "classify" in int8_stages(layout):
+    if "classify" in int8:
         head = classifier_int8_path(folder, cfg.classify.resolved_model_dir())
         out.append(_Derived("int8 classifier", head, "int8-head", "classify"))
     return out
@@ -112,12 +138,16 @@ def _say(line: str) -> None:
     print(f"docintel: {line}", file=sys.stderr, flush=True)
 
 
-def ensure_derived(cfg: Config, say: Callable[[str], None] = _say) -> None:
+def ensure_derived(
+    cfg: Config,
+    say: Callable[[str], None] = _say,
+    layout: dict[str, list[Pool]] | None = None,
+) -> None:
     """Build, once per model version, the derived models this layout runs and the cache
     lacks: the fused fp32 ONNX encoder, the int8 encoder and classifier. Never refused for
     a missing artefact; concurrent runs wait on one build (a lock in the folder)."""
     int8 = cfg.embed.resolved_int8_dir()
-    missing = [d for d in _derived(cfg) if not d.path.is_file()]
+    missing = [d for d in _derived(cfg, layout) if not d.path.is_file()]
     if not missing:
         return
     int8.mkdir(parents=True, exist_ok=True)
@@ -171,11 +201,7 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
             "`docintel train DATA --out DIR` and set [classify] model_dir"
         )
     embed_version = fingerprint(embed_path)
-    if training.get("embedder") != embed_version:
-        warnings.append(
-            f"classifier {clf_dir} was trained on embeddings of "
-            f"{training.get('embedder')}, this run embeds with {embed_version}"
-        )
+    check_head_encoder(clf_dir, embed_path)  # another encoder's head: refused, not warned
     _check_spacy(cfg.sentencize.spacy_model)
     _check_int8(cfg)
     versions = {"embed": embed_version, "classify": fingerprint(clf_dir)}
@@ -184,6 +210,7 @@ def check_models(cfg: Config) -> tuple[list[str], dict[str, str], list[str]]:
 
 def prepare(cfg: Config, input_uri: str) -> Plan:
     """Driver-side checks: inputs, columns, ids, models, stage chain (no Ray, no torch/TF)."""
+    check_declared_gpus(cfg)
     check_chain([DOC_ID, TEXT], chain_stages(cfg))  # stage objects are config only: cheap
     ensure_derived(cfg)
     labels, versions, warnings = check_models(cfg)

@@ -34,6 +34,9 @@ BACKEND_GPU_FP16 = "gpu-fp16"
 BACKEND_GPU_BF16 = "gpu-bf16"  # cards with bfloat16 (Ampere and newer)
 BACKEND_GPU_FP32 = "gpu-fp32"  # GPU stages without a half-precision path (spaCy, the head)
 BACKEND_GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp32 on the CPU
+# Benchmarks only ([faults] gpu_model_s_per_sentence): a GPU replica that computes nothing,
+# sleeps a modelled service time and writes placeholder results (bench/scaleout.py).
+BACKEND_GPU_MODEL = "gpu-model"
 BACKEND_CPU_FP32 = "cpu-fp32"
 BACKEND_CPU_INT8 = "cpu-int8"
 

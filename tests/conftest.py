@@ -79,8 +79,11 @@ def write_docs(
 
 
 def run_config(**overrides: object) -> Config:
-    """Defaults for tests: small batches (several per file), no progress bar."""
+    """Defaults for tests: small batches (several per file), no progress bar, CPU pools
+    only (the integration tests' Ray declares a logical GPU, which "auto" would give GPU
+    replicas; the GPU tests ask for them)."""
     base: dict[str, object] = {"run.batch_size": 4, "run.show_progress": False}
+    base.update({f"resources.{s}.gpu_replicas": 0 for s in ("sentencize", "embed", "classify")})
     base.update(overrides)
     return load_config(None, base)
 
@@ -98,6 +101,7 @@ def assert_exactly_once(out: Path, expected_ids: list[str]) -> dict[str, pd.Data
     errored = set(tables["errors"]["doc_id"])
     assert errored <= set(docs["doc_id"])
     assert set(docs.loc[docs.status == "error", "doc_id"]) == errored
+    assert not tables["sentences"].duplicated(["doc_id", "sent_index"]).any()
     assert (out / "_manifest.json").is_file()
     return tables
 

@@ -233,7 +233,7 @@ def test_quantize_builds_both_int8_models_and_a_parity_report(tmp_path: Path) ->
     r = docintel("quantize", "--out", target, "--data", data)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (target / "model.int8.onnx").is_file()
-    heads = list((target / "classify").glob("finsent@*.int8.onnx"))
+    heads = list((target / "classify").glob("finsent_ft@*.int8.onnx"))
     assert len(heads) == 1, heads
     parity = json.loads((target / "parity.json").read_text())
     assert parity["n"] == 60 and parity["encoder"]["cosine_mean"] > 0.98

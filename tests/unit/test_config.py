@@ -50,7 +50,7 @@ def test_partial_file_keeps_other_defaults(tmp_path):
     assert cfg.run.batch_size == 7
     assert cfg.embed.max_length == 128
     assert cfg.resources.embed.cpus == 0.5
-    assert cfg.resources.embed.replicas == 1
+    assert cfg.resources.embed.replicas == "auto"  # sized to the cluster at the start
     assert cfg.classify == Config().classify
 
 

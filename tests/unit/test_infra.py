@@ -12,10 +12,15 @@ on every Ray process and submitter, the NetworkPolicies, each container's
 securityContext, workload identity instead of AWS keys, no secret on a command line,
 images by digest (or the documented pin procedure), the launcher's AMI and auth. A
 manifest edit that drops one of them fails here, not in a security review.
+
+The Grafana dashboard is checked against the metrics the code defines (actors/metrics.py),
+under the names Ray's Prometheus endpoint gives them, so a renamed metric cannot leave a
+silently empty panel.
 """
 
 from __future__ import annotations
 
+import ast
 import configparser
 import importlib.util
 import json
@@ -43,6 +48,16 @@ from docintel.pipeline.config import (
     load_config,
 )
 from docintel.pipeline.errors import ConfigError
+from docintel.pipeline.layout import (
+    CPU_POOL,
+    GPU_POOL,
+    INT8_STAGES,
+    ClusterShape,
+    NodeShape,
+    Pool,
+    stage_layout,
+)
+from docintel.pipeline.schema import STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -51,6 +66,8 @@ LAUNCHER = INFRA / "ray-cluster-launcher.yaml"
 SYSTEMD = INFRA / "systemd"
 CRONTAB = INFRA / "crontab.example"
 README = INFRA / "README.md"
+DASHBOARD = INFRA / "grafana" / "docintel-dashboard.json"
+METRICS_MODULE = REPO / "actors" / "metrics.py"
 CONFIG_DIR = INFRA / "config"
 CONFIG_MOUNT = "/etc/docintel"
 FLAVORS = ("cpu", "cuda")
@@ -181,14 +198,52 @@ def _ray_gpus(group: dict[str, Any]) -> float:
     return _quantity(_pod_containers(group)[0]["resources"]["limits"].get("nvidia.com/gpu", 0))
 
 
-def _min_size(spec: dict[str, Any]) -> tuple[float, float]:
-    """(CPUs, GPUs) of a RayCluster spec at its minimum size, as the driver sees them."""
-    cpus, gpus = _ray_cpus(spec["headGroupSpec"]), _ray_gpus(spec["headGroupSpec"])
+def _group_shape(spec: dict[str, Any], size: str) -> ClusterShape:
+    """The Ray nodes of a RayCluster spec with each worker group at ``size``
+    (minReplicas / maxReplicas), as the driver sees them: the head, then each worker."""
+    head = spec["headGroupSpec"]
+    nodes = [NodeShape(_ray_cpus(head), _ray_gpus(head))]
     for group in spec["workerGroupSpecs"]:
-        n = group.get("minReplicas", 0)
-        cpus += n * _ray_cpus(group)
-        gpus += n * _ray_gpus(group)
-    return cpus, gpus
+        nodes += [NodeShape(_ray_cpus(group), _ray_gpus(group))] * group.get(size, 0)
+    return ClusterShape(tuple(nodes))
+
+
+def _min_shape(spec: dict[str, Any]) -> ClusterShape:
+    """A RayCluster spec at its minimum size: what a run finds when it starts."""
+    return _group_shape(spec, "minReplicas")
+
+
+def _max_shape(spec: dict[str, Any]) -> ClusterShape:
+    """A RayCluster spec with every group at maxReplicas: what the autoscaler can reach."""
+    return _group_shape(spec, "maxReplicas")
+
+
+def _without_gpus(shape: ClusterShape) -> ClusterShape:
+    return ClusterShape(tuple(NodeShape(n.cpus) for n in shape.nodes))
+
+
+def _launcher_shape(config: dict[str, Any], size: str) -> ClusterShape:
+    """The launcher's nodes with each node type at ``size`` (min_workers / max_workers)."""
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]["resources"]
+    nodes = [NodeShape(float(head.get("CPU", 0)), float(head.get("GPU", 0)))]
+    for name, node in types.items():
+        if name != config["head_node_type"]:
+            res = node["resources"]
+            shape = NodeShape(float(res.get("CPU", 0)), float(res.get("GPU", 0)))
+            nodes += [shape] * node.get(size, 0)
+    return ClusterShape(tuple(nodes))
+
+
+def _fits(cfg: Config, shape: ClusterShape) -> dict[str, list[Pool]]:
+    """The layout the driver sizes for ``shape``, after its own start check."""
+    layout = stage_layout(cfg, shape)
+    check_layout(cfg, layout, shape)
+    return layout
+
+
+def _pools(layout: dict[str, list[Pool]]) -> dict[tuple[str, str], Pool]:
+    return {(p.stage, p.kind): p for pools in layout.values() for p in pools}
 
 
 def _cluster_config(name: str) -> Config:
@@ -324,6 +379,7 @@ def test_the_deploy_files_exist() -> None:
         "crontab.example",
         "config/job.toml",
         "config/audit.toml",
+        "grafana/docintel-dashboard.json",
         "README.md",
     ]
     missing = [p for p in expected if not (INFRA / p).is_file()]
@@ -497,17 +553,78 @@ def test_cluster_shape(kind: str) -> None:
         assert 1 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
 
 
-@pytest.mark.parametrize(("kind", "toml"), [("RayCluster", "audit.toml"), ("RayJob", "job.toml")])
+# Which config each cluster runs: the CronJob submits the audit to the RayCluster, the
+# RayJob runs the batch job on its own cluster.
+CLUSTER_CONFIGS = [("RayCluster", "audit.toml"), ("RayJob", "job.toml")]
+
+
+@pytest.mark.parametrize(("kind", "toml"), CLUSTER_CONFIGS)
 def test_cluster_min_size_fits_the_shipped_layout(kind: str, toml: str) -> None:
-    """The driver checks the layout against the cluster's resources at start, before the
+    """The driver checks the layout against the cluster's nodes at start, before the
     autoscaler can add anything, so the minimum size must already fit it."""
     spec = dict(_cluster_specs())[kind]
     cfg = _cluster_config(toml)
-    check_layout(cfg, *_min_size(spec))
+    shape = _min_shape(spec)
+    check_layout(cfg, stage_layout(cfg, shape), shape)
     # ... and it is the GPU group's minimum that makes it fit: without its GPU, refused.
-    cpus, _ = _min_size(spec)
+    no_gpu = _without_gpus(shape)
     with pytest.raises(ConfigError, match="GPU replicas need"):
-        check_layout(cfg, cpus, 0.0)
+        check_layout(cfg, stage_layout(cfg, no_gpu), no_gpu)
+
+
+def _gpu_group(spec: dict[str, Any]) -> dict[str, Any]:
+    (group,) = [g for g in spec["workerGroupSpecs"] if any(_is_gpu(c) for c in _pod_containers(g))]
+    return group
+
+
+@pytest.mark.parametrize(("kind", "toml"), CLUSTER_CONFIGS)
+def test_pool_bounds_follow_the_worker_groups(kind: str, toml: str) -> None:
+    """min_* / max_* are the groups' minReplicas / maxReplicas: the run starts on the
+    minimum size, asks the autoscaler for the rest (pending replicas up to max_*), and the
+    groups at their maximum hold every one of them (none pending for the whole run). The
+    CPU pools' max_replicas is what the CPU group's workers hold at maxReplicas."""
+    spec = dict(_cluster_specs())[kind]
+    cfg = _cluster_config(toml)
+    gpu = _gpu_group(spec)
+    per_worker = int(_ray_gpus(gpu))  # one GPU replica per stage per card
+    at_min, at_max = _pools(_fits(cfg, _min_shape(spec))), _pools(_fits(cfg, _max_shape(spec)))
+    cpu_group = {**spec, "workerGroupSpecs": [g for g in spec["workerGroupSpecs"] if g != gpu]}
+    uncapped = cfg.model_copy(
+        update={
+            "resources": cfg.resources.model_copy(
+                update={
+                    s: getattr(cfg.resources, s).model_copy(update={"max_replicas": 0})
+                    for s in STAGES
+                }
+            )
+        }
+    )
+    cpu_workers_hold = _pools(stage_layout(uncapped, _max_shape(cpu_group)))
+    asks_for_more = False
+    for stage in STAGES:
+        pool = getattr(cfg.resources, stage)
+        assert pool.gpu_replicas == "auto" and pool.replicas == "auto", f"{stage}: auto pools"
+        assert pool.min_gpu_replicas == gpu["minReplicas"] * per_worker, stage
+        assert pool.max_gpu_replicas == gpu["maxReplicas"] * per_worker, stage
+        assert pool.min_replicas >= 1 and pool.max_replicas >= pool.min_replicas, stage
+        assert at_max[(stage, GPU_POOL)].replicas == pool.max_gpu_replicas, (
+            f"{kind} at maxReplicas cannot place {stage}'s max_gpu_replicas"
+        )
+        assert at_max[(stage, CPU_POOL)].replicas == pool.max_replicas, (
+            f"{kind} at maxReplicas holds {at_max[(stage, CPU_POOL)].replicas} {stage} CPU "
+            f"replicas, not max_replicas = {pool.max_replicas}"
+        )
+        held = cpu_workers_hold[(stage, CPU_POOL)].replicas
+        assert pool.max_replicas == held, (
+            f"{stage}: max_replicas {pool.max_replicas}, but the CPU group at maxReplicas "
+            f"holds {held} of its CPU replicas"
+        )
+        asks_for_more |= at_min[(stage, GPU_POOL)].replicas < pool.max_gpu_replicas
+        asks_for_more |= at_min[(stage, CPU_POOL)].replicas < pool.max_replicas
+    # Pending replicas are demand only where an autoscaler reads it.
+    assert asks_for_more and spec.get("enableInTreeAutoscaling") is True, (
+        f"{kind}: the pools ask for more than the minimum size, so the cluster must autoscale"
+    )
 
 
 def test_configmap_is_infra_config_verbatim() -> None:
@@ -616,11 +733,16 @@ def _every_pod_spec() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{obj['kind']} {obj['metadata']['name']}", node
 
 
-def _autoscaler() -> dict[str, Any]:
-    """The RayCluster's autoscalerOptions: KubeRay builds the sidecar container from them."""
-    spec = _one("RayCluster")["spec"]
-    assert spec.get("enableInTreeAutoscaling"), "the RayCluster autoscales"
-    return spec["autoscalerOptions"]
+def _autoscalers() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(cluster, autoscalerOptions, head PodSpec) of every autoscaling cluster: KubeRay
+    builds the sidecar container of the head pod from the options."""
+    out = [
+        (kind, spec["autoscalerOptions"], spec["headGroupSpec"]["template"]["spec"])
+        for kind, spec in _cluster_specs()
+        if spec.get("enableInTreeAutoscaling")
+    ]
+    assert {kind for kind, _, _ in out} == {"RayCluster", "RayJob"}, "both clusters autoscale"
+    return out
 
 
 def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -664,7 +786,7 @@ def test_both_clusters_use_ray_token_auth_from_the_shared_secret() -> None:
 def test_every_ray_container_and_submitter_runs_with_the_token_from_a_secret() -> None:
     targets = [(f"{p.where} {c['name']}", c) for p in _ray_pods() for c in _containers(p)]
     targets += [(f"{p.where} {c['name']}", c) for p in _submitter_pods() for c in _containers(p)]
-    targets.append(("RayCluster autoscaler", _autoscaler()))
+    targets += [(f"{kind} autoscaler", options) for kind, options, _ in _autoscalers()]
     for where, container in targets:
         env = _env(container)
         assert env.get("RAY_AUTH_MODE", {}).get("value") == "token", f"{where}: RAY_AUTH_MODE"
@@ -692,9 +814,8 @@ def test_every_container_runs_as_non_root_with_a_restrictive_security_context() 
         for where, spec in _every_pod_spec()
         for c in [*spec.get("initContainers", []), *spec["containers"]]
     ]
-    head = _one("RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]
-    containers.append(("RayCluster autoscaler", _autoscaler(), head))
-    assert len(containers) >= 9, "heads, workers, submitters and the autoscaler"
+    containers += [(f"{kind} autoscaler", opts, head) for kind, opts, head in _autoscalers()]
+    assert len(containers) >= 10, "heads, workers, submitters and the autoscalers"
     for where, c, pod in containers:
         sc = c.get("securityContext", {})
         assert sc.get("runAsNonRoot") is True, f"{where}: runAsNonRoot"
@@ -811,8 +932,10 @@ def test_ray_pods_use_workload_identity_and_submitters_no_cloud_identity() -> No
             # IRSA is the default: no static keys loaded (the fallback is commented out).
             assert not c.get("envFrom"), f"{pod.where} {c['name']}: static AWS keys"
             assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & _env(c).keys()
-    batch_head = _one("RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]  # no autoscaler
-    assert batch_head["template"]["spec"].get("automountServiceAccountToken") is False
+    for kind, spec in _cluster_specs():  # the API token only where an autoscaler uses it
+        head = spec["headGroupSpec"]["template"]["spec"]
+        autoscales = spec.get("enableInTreeAutoscaling") is True
+        assert head.get("automountServiceAccountToken") is autoscales, f"{kind} head"
     for pod in _submitter_pods():
         sa = pod.spec.get("serviceAccountName")
         assert sa in accounts and not roles[sa], f"{pod.where}: a ServiceAccount without role"
@@ -932,8 +1055,8 @@ def test_crontab_schedules_the_audit_like_the_cronjob() -> None:
 # --- configs ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["job.toml", "audit.toml"])
-def test_cluster_configs_join_the_cluster_with_a_gpu_and_spill_layout(name: str) -> None:
+@pytest.mark.parametrize(("kind", "name"), CLUSTER_CONFIGS)
+def test_cluster_configs_join_the_cluster_with_a_gpu_and_spill_layout(kind: str, name: str) -> None:
     cfg = _cluster_config(name)
     assert cfg.run.ray_address == "auto", "a job on a cluster must join it, not embed Ray"
     job, audit = cfg.job, cfg.audit
@@ -943,17 +1066,28 @@ def test_cluster_configs_join_the_cluster_with_a_gpu_and_spill_layout(name: str)
     defaults = {"sentencize": SENTENCIZE_GPU, "embed": EMBED_GPU, "classify": CLASSIFY_GPU}
     for stage, fraction in defaults.items():
         pool = getattr(r, stage)
-        assert pool.gpu_replicas >= 1 and pool.replicas >= 1, f"{stage}: GPU pool + spill pool"
+        assert pool.gpu_replicas == "auto" and pool.replicas == "auto", f"{stage}: auto pools"
         assert pool.gpu_fraction == fraction, f"{stage}: the default fraction"
     assert sum(defaults.values()) <= 1.0
     assert cfg.run.spill == "auto" and cfg.embed.cpu_precision == "auto"  # int8 spill replicas
+    # At the minimum size every stage has a GPU pool and a CPU spill pool; the spill
+    # replicas of the model stages run the int8 models built into the image.
+    pools = _pools(stage_layout(cfg, _min_shape(dict(_cluster_specs())[kind])))
+    for stage in STAGES:
+        assert pools.get((stage, GPU_POOL)) and pools[(stage, GPU_POOL)].replicas >= 1, stage
+        spill = pools.get((stage, CPU_POOL))
+        assert spill and spill.replicas >= 1, f"{stage}: no spill pool at the minimum size"
+        assert spill.precision == ("int8" if stage in INT8_STAGES else "fp32"), stage
+    # One thread per CPU an embed CPU replica holds: no oversubscription, no idle CPU.
+    assert cfg.embed.torch_threads == r.embed.cpus, "embed torch_threads = its replicas' cpus"
 
 
 def test_local_audit_config_embeds_ray() -> None:
     cfg = _cluster_config("audit-local.toml")
     assert cfg.run.ray_address == "", "the single-machine audit starts its own Ray"
     assert cfg.audit.source and cfg.audit.output
-    check_layout(cfg, 2.0)  # the default pools fit a two-core machine
+    shape = ClusterShape.of(2.0)  # the default pools fit a two-core machine
+    check_layout(cfg, stage_layout(cfg, shape), shape)
 
 
 # --- the Ray cluster launcher ----------------------------------------------------------
@@ -981,10 +1115,23 @@ def test_launcher_config_is_valid_for_ray_and_fits_the_layout() -> None:
 
     local = config["file_mounts"][CONFIG_MOUNT]
     assert (REPO / local).resolve() == CONFIG_DIR, "infra/config at /etc/docintel"
-    cpus = sum(v.get("min_workers", 0) * v["resources"].get("CPU", 0) for v in workers.values())
-    gpus = sum(v.get("min_workers", 0) * v["resources"].get("GPU", 0) for v in workers.values())
+    # The same pools as on KubeRay: the minimum size fits their min_*, refused without
+    # the GPU worker; the maximum size holds their max_* (one GPU replica per stage per
+    # GPU worker).
+    low, high = _launcher_shape(config, "min_workers"), _launcher_shape(config, "max_workers")
+    (gpu_type,) = gpu
     for name in ("job.toml", "audit.toml"):
-        check_layout(_cluster_config(name), float(cpus), float(gpus))
+        cfg = _cluster_config(name)
+        _fits(cfg, low)
+        with pytest.raises(ConfigError, match="GPU replicas need"):
+            _fits(cfg, _without_gpus(low))
+        at_max = _pools(_fits(cfg, high))
+        for stage in STAGES:
+            pool = getattr(cfg.resources, stage)
+            assert pool.min_gpu_replicas == gpu_type["min_workers"], (name, stage)
+            assert pool.max_gpu_replicas == gpu_type["max_workers"], (name, stage)
+            assert at_max[(stage, GPU_POOL)].replicas == pool.max_gpu_replicas, (name, stage)
+            assert at_max[(stage, CPU_POOL)].replicas == pool.max_replicas, (name, stage)
 
 
 def test_launcher_pins_its_ami_and_starts_ray_with_token_auth() -> None:
@@ -1135,3 +1282,150 @@ def test_dockerfile_base_image_can_be_pinned_by_digest(flavor: str) -> None:
     assert "--build-arg RAY_BASE_DIGEST=@sha256:" in README.read_text(encoding="utf-8")
     # Non-root by number, so Kubernetes can verify runAsNonRoot from the image too.
     assert df.all("USER")[-1] == f"{RAY_USER}:100"
+
+
+# --- metrics and the Grafana dashboard -------------------------------------------------
+
+
+def _defined_metrics() -> dict[str, str]:
+    """{name given to ray.util.metrics: its kind} for every metric actors/metrics.py
+    defines, read from its source (``metrics.Counter(PREFIX + "batches", ...)``)."""
+    tree = ast.parse(METRICS_MODULE.read_text(encoding="utf-8"))
+    consts = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+    }
+
+    def text(node: ast.expr) -> str:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name):
+            return str(consts[node.id])
+        assert isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add), ast.dump(node)
+        return text(node.left) + text(node.right)
+
+    found = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "metrics"
+            and node.func.attr in {"Counter", "Gauge", "Histogram"}
+        ):
+            found[text(node.args[0])] = node.func.attr
+    assert found, f"no ray.util.metrics metric found in {_rel(METRICS_MODULE)}"
+    return found
+
+
+def _exported_names() -> dict[str, str]:
+    """{Prometheus name: name in the code}, as a Ray node's metrics endpoint serves them:
+    Ray prefixes every metric with ``ray_``; counters carry the ``_total`` suffix of the
+    Prometheus exposition (Ray 2.60's OpenTelemetry exporter, and the OpenCensus one),
+    histograms their ``_bucket`` / ``_sum`` / ``_count`` series."""
+    suffixes = {"Counter": ["_total"], "Gauge": [""], "Histogram": ["_bucket", "_sum", "_count"]}
+    return {
+        f"ray_{name}{suffix}": name
+        for name, kind in _defined_metrics().items()
+        for suffix in suffixes[kind]
+    }
+
+
+def _dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+
+
+def _dashboard_panels() -> list[dict[str, Any]]:
+    """Every chart of the dashboard, those inside collapsed rows too (rows are headings)."""
+    out = []
+    for panel in _dashboard()["panels"]:
+        inner = panel.get("panels", []) if panel.get("type") == "row" else [panel]
+        out += [p for p in inner if p.get("type") != "row"]
+    return out
+
+
+DOCINTEL_METRIC = re.compile(r"\bray_docintel_\w+")
+
+
+def test_metric_names_follow_how_ray_exports_them() -> None:
+    """The naming rule of _exported_names, checked on the libraries Ray's metrics agent
+    exports with: its OpenTelemetry recorder makes every ray.util.metrics Counter an
+    observable counter and every Gauge an observable gauge named ``<NAMESPACE>_<name>``
+    with unit "1"; the Prometheus reader and prometheus_client write them out."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+    from ray._private.telemetry.open_telemetry_metric_recorder import NAMESPACE
+
+    assert NAMESPACE == "ray", "Ray's prefix for application metrics"
+
+    def one(_: CallbackOptions) -> list[Observation]:
+        return [Observation(1.0, {"run": "r"})]
+
+    registry = CollectorRegistry()
+    reader = PrometheusMetricReader(registry=registry)
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        meter = provider.get_meter("docintel-test")
+        meter.create_observable_counter(f"{NAMESPACE}_docintel_c", [one], unit="1")
+        meter.create_observable_gauge(f"{NAMESPACE}_docintel_g", [one], unit="1")
+        text = generate_latest(registry).decode()
+    finally:
+        provider.shutdown()
+    samples = set(re.findall(r"^(ray_docintel_\w+)\{", text, re.M))
+    assert samples == {"ray_docintel_c_total", "ray_docintel_g"}, text
+    names = _exported_names()
+    assert "ray_docintel_batches_total" in names and "ray_docintel_batches" not in names
+    assert "ray_docintel_replicas" in names, sorted(names)  # a gauge: no suffix
+
+
+def test_dashboard_charts_only_metrics_the_code_exports() -> None:
+    dashboard = _dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    ds = {"type": "prometheus", "uid": "${datasource}"}
+    exported = _exported_names()
+    panels = _dashboard_panels()
+    assert len(panels) >= 8, "throughput, spill, held, replicas, busy, failures, GPU memory"
+    charted: set[str] = set()
+    queries = [
+        ("variable " + v["name"], v["definition"])
+        for v in variables.values()
+        if v["type"] == "query"
+    ]
+    for panel in panels:
+        title = panel.get("title", "")
+        assert title, f"panel {panel.get('id')} has no title"
+        assert panel.get("datasource") == ds, f"{title}: datasource must be ${{datasource}}"
+        targets = panel.get("targets", [])
+        assert targets, f"{title}: an empty panel"
+        for target in targets:
+            expr = target.get("expr", "").strip()
+            assert expr, f"{title}: a target without a query"
+            assert target.get("datasource", ds) == ds, f"{title}: target datasource"
+            queries.append((title, expr))
+    for where, expr in queries:
+        named = set(DOCINTEL_METRIC.findall(expr))
+        assert named, f"{where}: {expr!r} names no docintel metric"
+        unknown = named - exported.keys()
+        assert not unknown, (
+            f"{where}: {sorted(unknown)} is not what Ray exports for {_rel(METRICS_MODULE)} "
+            f"(known: {sorted(exported)})"
+        )
+        charted |= {exported[n] for n in named}
+    missing = sorted(set(_defined_metrics()) - charted)
+    assert not missing, f"{_rel(DASHBOARD)} does not chart {missing}"
+    stage = variables.get("stage")
+    if stage and stage["type"] == "custom":
+        assert stage["query"].split(",") == list(STAGES), "the stage variable lists STAGES"
+
+
+def test_readme_names_every_exported_metric() -> None:
+    text = README.read_text(encoding="utf-8")
+    missing = [n for n in _exported_names() if f"`{n}`" not in text]
+    assert not missing, f"infra/README.md does not list {missing}"

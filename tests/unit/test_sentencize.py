@@ -241,3 +241,26 @@ def test_a_document_over_the_sentence_cap_becomes_an_error_row(sentencizer, docs
     )  # fmt: skip
     assert "300,000 sentences, over the limit of 20,000" in err["message"]
     assert "max_sentences" in err["message"]
+
+
+def test_a_blank_pipeline_loads_without_torch() -> None:
+    """thinc would import torch (seconds of start-up per replica); a rule-based pipeline
+    never uses it, so a fresh process running one must not load it, and torch still
+    imports normally afterwards."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from docintel.pipeline.config import SentencizeConfig\n"
+        "from docintel.pipeline.stages.sentencize import Sentencizer\n"
+        "import pyarrow as pa\n"
+        "s = Sentencizer(SentencizeConfig()); s.setup()\n"
+        "t = s(pa.table({'doc_id': ['a'], 'text': ['One here. Two there.']}))\n"
+        "assert t.num_rows == 2, t\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "print('ok', torch.__version__)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

@@ -1,0 +1,319 @@
+"""Stage pools that follow the cluster while a run goes on.
+
+At the start, every replica of the layout (pipeline/layout.py, sized to the cluster) is
+created and the run waits until each has loaded its model. Then, from the executor's loop:
+
+* **Join.** Every ``WATCH_S`` the driver sizes the layout again from the cluster's alive
+  nodes. Where an auto-sized pool could hold more replicas (a node joined), new replicas
+  are created; each joins the dispatcher once its model is loaded, and serves batches. A
+  pool with ``max_*replicas`` above what the cluster holds keeps the difference as pending
+  actors: unplaced, they are demand that Ray's autoscaler (KubeRay, cluster launcher)
+  sees and scales up for. GPU pools may appear mid-run (a GPU node joined a CPU cluster);
+  a CPU pool joins only if the run started with one (its precision, and the artefacts it
+  loads, were settled at the start).
+* **Leave.** Replicas whose node is no longer alive leave the dispatcher and are killed
+  (no restart); their in-flight calls fail and the executor re-runs those batches from
+  their reads elsewhere: nothing lost, nothing written twice (a batch's parts are only
+  written by its write task). A pool of fixed size gets new replicas back up to its
+  count, placed where the cluster has room (or pending until it has).
+* **Starve.** A stage left with no live replica for ``run.replica_wait_s`` (every node
+  that held it left, and nothing can be placed) fails the run with the cluster's shape,
+  rather than waiting forever.
+
+Every replica that existed is recorded (stage, pool, index, node, backend, batches served,
+busy seconds, joined and left times) for the manifest's ``replicas`` list.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from docintel.actors.metrics import RunMetrics
+from docintel.actors.resources import actor_options
+from docintel.actors.stages import ACTOR_CLASSES
+from docintel.pipeline.config import AUTO, Config
+from docintel.pipeline.dispatch import Dispatcher, Replica
+from docintel.pipeline.errors import DocintelError, RunFailed
+from docintel.pipeline.layout import (
+    CPU_POOL,
+    GPU_POOL,
+    ClusterShape,
+    NodeShape,
+    Pool,
+    build_stage,
+    stage_layout,
+)
+
+WATCH_S = 2.0  # how often the driver looks at the cluster's nodes (one GCS call)
+
+log = logging.getLogger(__name__)
+
+
+def current_shape() -> ClusterShape:
+    """The connected Ray cluster's alive nodes and what each declares (CPUs, GPUs)."""
+    nodes = [
+        NodeShape(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0), n["NodeID"])
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+    return ClusterShape(tuple(nodes))
+
+
+def actor_name(run_id: str, replica_key: str) -> str:
+    """``docintel:<run id>:<stage>/<pool>/<index>``, unique per run on a cluster."""
+    return f"docintel:{run_id}:{replica_key}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class _Member:
+    """One replica's actor and its life in the run."""
+
+    replica: Replica
+    pool: Pool
+    handle: Any
+    ready_ref: Any  # ObjectRef of ready(); None once it answered
+    created: float  # monotonic
+    joined_at: float | None = None  # monotonic, when it joined the dispatcher
+    joined: str = ""
+    left: str = ""
+    left_reason: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.joined_at is not None and not self.left
+
+    @property
+    def pending(self) -> bool:
+        return self.joined_at is None and not self.left
+
+    def record(self) -> dict[str, Any]:
+        r = self.replica
+        return {
+            "stage": r.stage,
+            "pool": r.pool,
+            "index": r.index,
+            "node": r.node,
+            "backend": r.backend,
+            "batches": r.calls,
+            "busy_seconds": round(r.busy_s, 3),
+            "joined": self.joined or None,
+            "left": self.left or None,
+            **({"left_because": self.left_reason} if self.left_reason else {}),
+        }
+
+
+class PoolManager:
+    """The replicas of every stage pool of one run (see the module docstring)."""
+
+    def __init__(self, cfg: Config, run_id: str, layout: dict[str, list[Pool]]) -> None:
+        self.cfg, self.run_id = cfg, run_id
+        self.layout = layout  # as started: fixes the CPU pools' precision for the run
+        self.dispatcher = Dispatcher({s: [] for s in layout})
+        self.actors: dict[str, Any] = {}  # replica key -> handle (the executor calls them)
+        self.members: list[_Member] = []
+        self.info: dict[str, dict[str, Any]] = {}  # per stage: backend, version, backends
+        self.metrics = RunMetrics(run_id)
+        self._next = Counter[tuple[str, str]]()
+        self._watched = time.monotonic()
+        self._starved: dict[str, float] = {}
+
+    # --- start and stop -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create every replica of the layout and wait until each has loaded its model;
+        then the pending ones a pool's max asks for (autoscaler demand)."""
+        for pools in self.layout.values():
+            for pool in pools:
+                for _ in range(pool.replicas):
+                    self._spawn(pool)
+        first = list(self.members)
+        try:
+            infos = ray.get([m.ready_ref for m in first])
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause
+            if isinstance(cause, DocintelError):
+                raise cause from None
+            raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
+        for member, info in zip(first, infos, strict=True):
+            self._join(member, info)
+        self._demand()
+
+    def close(self) -> None:
+        """Kill every replica (frees its CPUs and GPU share for the next run)."""
+        self._gauges(time.monotonic())  # the last values, also for runs shorter than WATCH_S
+        for m in self.members:
+            if not m.left:
+                m.left = _now()
+                m.left_reason = "run ended"
+            ray.kill(m.handle, no_restart=True)
+
+    # --- while the run goes on ----------------------------------------------------------
+
+    def poll(self, now: float) -> None:
+        """Join replicas whose model loaded; every WATCH_S, drop the ones whose node left
+        and start new ones where the cluster has room. Cheap: called every loop."""
+        self._check_pending()
+        if now - self._watched >= WATCH_S:
+            self._watched = now
+            self._watch(now)
+        self._check_starved(now)
+
+    def _watch(self, now: float) -> None:
+        self._departures()
+        self._grow()
+        self._gauges(now)
+
+    def _departures(self) -> None:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        for m in self.members:
+            if m.live and m.replica.node not in alive:
+                self._leave(m, "its node left the cluster")
+
+    def _gauges(self, now: float) -> None:
+        for m in self.members:
+            if m.live and m.joined_at is not None:
+                elapsed = max(1e-9, now - m.joined_at)
+                r = m.replica
+                self.metrics.replica(r.stage, r.pool, r.key, min(1.0, r.busy_s / elapsed))
+        for stage, reps in self.dispatcher.pools.items():
+            for kind in (GPU_POOL, CPU_POOL):
+                self.metrics.replicas(stage, kind, sum(r.pool == kind for r in reps))
+
+    def _grow(self) -> None:
+        """New replicas where the run has fewer than it should: auto pools sized again to
+        the cluster as it is now (a node joined), fixed pools back to their count (a node
+        left with some of theirs; the new ones wait until the cluster can place them)."""
+        try:
+            wanted = stage_layout(self.cfg, current_shape())
+        except DocintelError:
+            wanted = {}  # e.g. no GPU left for a gpu-only layout: keep what runs
+        for stage in self.layout:
+            started = {p.kind: p for p in self.layout[stage]}
+            sized = {p.kind: p for p in wanted.get(stage, [])}
+            for kind in (GPU_POOL, CPU_POOL):
+                base = started.get(kind)
+                if self._auto(stage, kind):
+                    if kind not in sized or (kind == CPU_POOL and base is None):
+                        continue  # a new CPU pool: its precision was settled at the start
+                    target, template = sized[kind].replicas, base or sized[kind]
+                elif base is not None:
+                    target, template = base.replicas, base
+                else:
+                    continue
+                have = sum(
+                    1
+                    for m in self.members
+                    if m.replica.stage == stage and m.replica.pool == kind and not m.left
+                )
+                for _ in range(target - have):
+                    self._spawn(template)
+
+    def _auto(self, stage: str, kind: str) -> bool:
+        cfg = getattr(self.cfg.resources, stage)
+        return (cfg.gpu_replicas if kind == GPU_POOL else cfg.replicas) == AUTO
+
+    def _demand(self) -> None:
+        """Pending replicas up to a pool's max above what the cluster holds now: Ray's
+        autoscaler sees them as resource demand and adds nodes; they join when placed."""
+        for stage, pools in self.layout.items():
+            cfg = getattr(self.cfg.resources, stage)
+            for pool in pools:
+                cap = cfg.max_gpu_replicas if pool.kind == GPU_POOL else cfg.max_replicas
+                if not self._auto(stage, pool.kind) or cap <= pool.replicas:
+                    continue
+                for _ in range(cap - pool.replicas):
+                    self._spawn(pool)
+
+    def _check_pending(self) -> None:
+        pending = [m for m in self.members if m.pending]
+        if not pending:
+            return
+        refs = [m.ready_ref for m in pending]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if not done:
+            return
+        ready = set(done)
+        for m in pending:
+            if m.ready_ref not in ready:
+                continue
+            try:
+                info = ray.get(m.ready_ref)
+            except ray.exceptions.RayError as e:
+                self._leave(m, f"failed to start: {e}")
+                continue
+            self._join(m, info)
+            log.info("replica %s joined on node %s", m.replica.key, m.replica.node)
+
+    def _check_starved(self, now: float) -> None:
+        for stage, reps in self.dispatcher.pools.items():
+            if reps:
+                self._starved.pop(stage, None)
+                continue
+            since = self._starved.setdefault(stage, now)
+            if now - since > self.cfg.run.replica_wait_s:
+                raise RunFailed(
+                    f"stage {stage!r} has had no live replica for {now - since:.0f} s "
+                    f"(run.replica_wait_s): the nodes that held it left and none can be "
+                    f"placed on the cluster as it is ({current_shape().describe()})"
+                )
+
+    # --- one replica ----------------------------------------------------------------------
+
+    def _spawn(self, pool: Pool) -> None:
+        index = self._next[(pool.stage, pool.kind)]
+        self._next[(pool.stage, pool.kind)] += 1
+        rep = Replica(pool.stage, index, pool.kind, pool.max_in_flight)
+        cls = ray.remote(ACTOR_CLASSES[pool.stage])
+        delay = self.cfg.faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
+        opts = actor_options(pool, actor_name(self.run_id, rep.key))
+        handle = cls.options(**opts).remote(build_stage(self.cfg, pool), delay, rep.key)
+        self.actors[rep.key] = handle
+        member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic())
+        self.members.append(member)
+
+    def _join(self, m: _Member, info: dict[str, Any]) -> None:
+        m.replica.node = info.get("node", "")
+        m.replica.backend = info["backend"]
+        m.joined_at, m.joined = time.monotonic(), _now()
+        m.ready_ref = None
+        self.dispatcher.pools[m.replica.stage].append(m.replica)
+        entry = self.info.setdefault(m.replica.stage, {**info, "backends": []})
+        entry["backends"].append(info["backend"])
+
+    def _leave(self, m: _Member, why: str) -> None:
+        m.left, m.left_reason = _now(), why
+        reps = self.dispatcher.pools[m.replica.stage]
+        reps[:] = [r for r in reps if r is not m.replica]
+        ray.kill(m.handle, no_restart=True)  # its in-flight calls fail: retried elsewhere
+        log.warning("replica %s left: %s", m.replica.key, why)
+
+    # --- reports ------------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every replica of the run, for the manifest: called when the last batch is
+        written (replicas still live then leave with the run's end)."""
+        self._departures()
+        for m in self.members:
+            if not m.left:
+                m.left, m.left_reason = _now(), "run ended" if m.joined else "never placed"
+        return [m.record() for m in self.members]
+
+    def per_pool(self) -> dict[str, dict[str, int]]:
+        """Replicas that served the run, per stage and pool (for the summary)."""
+        out: dict[str, dict[str, int]] = {}
+        for m in self.members:
+            if m.joined:
+                pools = out.setdefault(m.replica.stage, {})
+                pools[m.replica.pool] = pools.get(m.replica.pool, 0) + 1
+        return out
