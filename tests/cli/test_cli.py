@@ -18,8 +18,10 @@ from tests.conftest import REPO, VALID_CSV, assert_exactly_once, write_docs
 DOCINTEL = [sys.executable, "-m", "docintel.jobs.cli"]
 
 
-def docintel(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
+def docintel(
+    *args: str | Path, timeout: float = 600, **env_extra: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", **env_extra}
     return subprocess.run(
         [*DOCINTEL, *map(str, args)],
         capture_output=True,

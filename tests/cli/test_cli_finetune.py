@@ -5,14 +5,13 @@ evaluate, and a head refused with an encoder it was not trained on (exit code 2)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from docintel.pipeline.versions import fingerprint
-from tests.cli.test_cli import DOCINTEL
+from tests.cli.test_cli import docintel as run_cli
 from tests.conftest import REPO
 from tests.finetuned import tiny_labelled
 
@@ -20,16 +19,8 @@ NAMES = "Bearish,Bullish,Neutral"
 
 
 def docintel(*args: str | Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "DOCINTEL_PROGRESS": "1"}  # the live bar too
-    return subprocess.run(
-        [*DOCINTEL, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
+    """The CLI in a subprocess, with the live progress bar on (training shows it)."""
+    return run_cli(*args, timeout=timeout, DOCINTEL_PROGRESS="1")
 
 
 def _flat(text: str) -> str:
