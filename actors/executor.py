@@ -79,6 +79,7 @@ class Executor:
         max_batches: int,
         on_tick: Callable[[float], None] | None = None,
         metrics: RunMetrics | None = None,
+        wake: Callable[[], list[ray.ObjectRef]] | None = None,
     ) -> None:
         self.actors = actors  # replica key -> actor handle
         self.dispatcher = dispatcher
@@ -92,9 +93,15 @@ class Executor:
         # replicas join and leave
         self.max_batches = max_batches
         self.on_tick = on_tick  # the pool manager's poll: joins, leaves, starvation
+        # refs whose completion should wake the loop: replicas still loading their model
+        # (the run starts before every replica is ready; a batch waits for its stage's)
+        self.wake = wake
         self.metrics = metrics
-        # Seconds batches spent ready for a stage but held on the driver (no slot granted).
+        self.first_call: float | None = None  # perf_counter of the first replica call
+        # Seconds batches spent ready for a stage but held on the driver (no slot granted),
+        # from when the stage's first replicas joined (monotonic, in ``opened``).
         self.held_s: Counter[str] = Counter()
+        self.opened: dict[str, float] = {}
 
     def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
         opts = task_options(self.io_cpus, num_returns=len(unit.batch_ids))
@@ -114,6 +121,7 @@ class Executor:
             s: deque() for s in (*STAGE_ORDER, WRITE)
         }
         pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = {}
+        live: dict[str, _Flight] = {}  # admitted and not yet written (for the outlook)
         todo = (u for u in units if not all(b in skip for b in u.batch_ids))
         unit = next(todo, None)
         admitted = 0
@@ -130,19 +138,28 @@ class Executor:
                         continue
                     # a batch enters the first stage's queue when its read finished, so
                     # the dispatcher times replica calls, not reads
-                    pending[ref] = (_Flight(batch_id, ref), READ, None)
+                    flight = _Flight(batch_id, ref)
+                    pending[ref] = (flight, READ, None)
+                    live[batch_id] = flight
                     admitted += 1
                 unit = next(todo, None)
+            if unit is None:  # every batch admitted: the dispatcher may plan the drain
+                self.dispatcher.set_outlook(True, _remaining(live.values()))
             self._dispatch(queues, pending, time.monotonic())
+            wake = self.wake() if self.wake else []
             if not pending:
                 if not any(queues.values()):
                     break
-                # batches wait for a replica of their stage: every one left with its node;
-                # the pool manager (on_tick) starts new ones, or fails the run in time
-                time.sleep(WAIT_TIMEOUT_S)
+                # batches wait for a replica of their stage: one still loading its model
+                # (wake), or every one left with its node; the pool manager (on_tick)
+                # joins them, starts new ones, or fails the run in time
+                if wake:
+                    ray.wait(wake, num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False)
+                else:
+                    time.sleep(WAIT_TIMEOUT_S)
                 continue
             ready, _ = ray.wait(
-                list(pending), num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
+                [*pending, *wake], num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
             )
             if ready:  # collect everything else that finished meanwhile, without blocking
                 ready, _ = ray.wait(
@@ -150,6 +167,7 @@ class Executor:
                 )
             now = time.monotonic()  # one timestamp per poll: see Dispatcher.release
             for stats in self._settle(ready, pending, queues, now):
+                live.pop(stats.batch_id, None)
                 admitted -= 1
                 done.append(stats)
                 on_batch(stats)
@@ -191,12 +209,18 @@ class Executor:
     def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
         for stage in STAGE_ORDER:
             q = queues[stage]
+            if stage not in self.opened and self.dispatcher.pools[stage]:
+                self.opened[stage] = now  # its replicas joined (models loaded)
             while q:
                 replica = self.dispatcher.acquire(stage, now)
                 if replica is None:
                     break
                 flight, ref, ready_at = q.popleft()
                 flight.pools[stage] = replica.pool
+                # held for a slot; not the start-up wait for the stage's models to load
+                ready_at = max(ready_at, self.opened[stage])
+                if self.first_call is None:
+                    self.first_call = time.perf_counter()
                 self.held_s[stage] += now - ready_at
                 out = self.actors[replica.key].process.remote(ref)
                 pending[out] = (flight, stage, replica)
@@ -218,6 +242,7 @@ class Executor:
                     f"batch {flight.batch_id} failed {flight.attempts} times; last error: {e}"
                 ) from e
             flight.attempts += 1
+            flight.pools.clear()  # it passes every stage again
             if self.metrics:
                 self.metrics.retried()
             queues[STAGE_ORDER[0]].append((flight, flight.read_ref, time.monotonic()))
@@ -228,6 +253,12 @@ class Executor:
         return replica.pool == "cpu" and any(
             r.pool == "gpu" for r in self.dispatcher.pools[replica.stage]
         )
+
+
+def _remaining(flights: Iterable[_Flight]) -> dict[str, int]:
+    """Per stage, the admitted batches not yet submitted to it (the dispatcher's outlook
+    once the input is exhausted: pipeline/dispatch.py, rule 4)."""
+    return {s: sum(s not in f.pools for f in flights) for s in STAGE_ORDER}
 
 
 def _next(stage: str) -> str:

@@ -1,7 +1,10 @@
 """Stage pools that follow the cluster while a run goes on.
 
 At the start, every replica of the layout (pipeline/layout.py, sized to the cluster) is
-created and the run waits until each has loaded its model. Then, from the executor's loop:
+created, and the run begins at once: reads, and the stages whose replicas are ready, go on
+while the others load their models (a replica joins the dispatcher when its model has
+loaded; one of the starting layout that fails to load fails the run with the stage's own
+message). Then, from the executor's loop:
 
 * **Join.** Every ``WATCH_S`` the driver sizes the layout again from the cluster's alive
   nodes. Where an auto-sized pool could hold more replicas (a node joined), new replicas
@@ -84,6 +87,8 @@ class _Member:
     handle: Any
     ready_ref: Any  # ObjectRef of ready(); None once it answered
     created: float  # monotonic
+    initial: bool = False  # of the layout the run started with (a failed load fails it)
+    loaded: dict[str, Any] | None = None  # ready()'s answer, until its stage joins
     joined_at: float | None = None  # monotonic, when it joined the dispatcher
     joined: str = ""
     left: str = ""
@@ -127,27 +132,27 @@ class PoolManager:
         self._next = Counter[tuple[str, str]]()
         self._watched = time.monotonic()
         self._starved: dict[str, float] = {}
+        # perf_counter when every replica of the starting layout had joined (or left)
+        self.loaded_at: float | None = None
 
     # --- start and stop -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Create every replica of the layout and wait until each has loaded its model;
-        then the pending ones a pool's max asks for (autoscaler demand)."""
+        """Create every replica of the layout, then the pending ones a pool's max asks for
+        (autoscaler demand). Does not wait for their models: the run starts at once, each
+        replica joins the dispatcher when its model has loaded (``poll``), and a batch
+        waits on the driver for its stage's first replica, so reading, sentencizing and
+        model loading overlap. A replica of the starting layout that fails to load its
+        model fails the run with the stage's own message (``poll`` raises it)."""
         for pools in self.layout.values():
             for pool in pools:
                 for _ in range(pool.replicas):
-                    self._spawn(pool)
-        first = list(self.members)
-        try:
-            infos = ray.get([m.ready_ref for m in first])
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause
-            if isinstance(cause, DocintelError):
-                raise cause from None
-            raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
-        for member, info in zip(first, infos, strict=True):
-            self._join(member, info)
+                    self._spawn(pool, initial=True)
         self._demand()
+
+    def pending_refs(self) -> list[Any]:
+        """ready() refs of replicas still loading their model: the executor wakes on them."""
+        return [m.ready_ref for m in self.members if m.pending and m.loaded is None]
 
     def close(self) -> None:
         """Kill every replica (frees its CPUs and GPU share for the next run)."""
@@ -236,24 +241,48 @@ class PoolManager:
                     self._spawn(pool)
 
     def _check_pending(self) -> None:
-        pending = [m for m in self.members if m.pending]
-        if not pending:
+        pending = [m for m in self.members if m.pending and m.loaded is None]
+        if pending:
+            refs = [m.ready_ref for m in pending]
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready = set(done)
+            for m in pending:
+                if m.ready_ref in ready:
+                    self._loaded(m)
+        # A stage of the starting layout joins as a whole, once each of its replicas has
+        # loaded: its GPU replicas (slower to load) are then in the dispatcher together
+        # with its CPU ones, so no batch spills only because a GPU replica was not ready.
+        # Stages join independently: reads and the first stages go on meanwhile.
+        for stage in self.layout:
+            starting = [m for m in self.members if m.initial and m.replica.stage == stage]
+            if all(m.loaded is not None for m in starting if m.pending):
+                for m in starting:
+                    if m.pending and m.loaded is not None:
+                        self._join(m, m.loaded)
+        if self.loaded_at is None and not any(m.pending for m in self.members if m.initial):
+            self.loaded_at = time.perf_counter()
+
+    def _loaded(self, m: _Member) -> None:
+        """``m``'s ready() finished: note its info (joined now, or with its stage), or
+        fail the run (a replica of the starting layout whose model does not load), or drop
+        it (a later replica that failed, or any whose node went away)."""
+        try:
+            info = ray.get(m.ready_ref)
+        except ray.exceptions.RayTaskError as e:
+            if m.initial:  # the model does not load: every replica would fail alike
+                cause = e.cause
+                if isinstance(cause, DocintelError):
+                    raise cause from None
+                raise RunFailed(f"a stage actor failed to start: {cause!r}") from e
+            self._leave(m, f"failed to start: {e}")
             return
-        refs = [m.ready_ref for m in pending]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if not done:
+        except ray.exceptions.RayError as e:  # it died (its node left): replaced
+            self._leave(m, f"failed to start: {e}")
             return
-        ready = set(done)
-        for m in pending:
-            if m.ready_ref not in ready:
-                continue
-            try:
-                info = ray.get(m.ready_ref)
-            except ray.exceptions.RayError as e:
-                self._leave(m, f"failed to start: {e}")
-                continue
+        if m.initial:
+            m.loaded = info
+        else:
             self._join(m, info)
-            log.info("replica %s joined on node %s", m.replica.key, m.replica.node)
 
     def _check_starved(self, now: float) -> None:
         for stage, reps in self.dispatcher.pools.items():
@@ -270,16 +299,18 @@ class PoolManager:
 
     # --- one replica ----------------------------------------------------------------------
 
-    def _spawn(self, pool: Pool) -> None:
+    def _spawn(self, pool: Pool, initial: bool = False) -> None:
         index = self._next[(pool.stage, pool.kind)]
         self._next[(pool.stage, pool.kind)] += 1
         rep = Replica(pool.stage, index, pool.kind, pool.max_in_flight)
         cls = ray.remote(ACTOR_CLASSES[pool.stage])
-        delay = self.cfg.faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
+        faults = self.cfg.faults
+        delay = faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
+        load_delay = faults.load_delay_s if faults.load_delay_stage == pool.stage else 0.0
         opts = actor_options(pool, actor_name(self.run_id, rep.key))
-        handle = cls.options(**opts).remote(build_stage(self.cfg, pool), delay, rep.key)
+        handle = cls.options(**opts).remote(build_stage(self.cfg, pool), delay, rep.key, load_delay)
         self.actors[rep.key] = handle
-        member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic())
+        member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic(), initial)
         self.members.append(member)
 
     def _join(self, m: _Member, info: dict[str, Any]) -> None:
@@ -290,6 +321,7 @@ class PoolManager:
         self.dispatcher.pools[m.replica.stage].append(m.replica)
         entry = self.info.setdefault(m.replica.stage, {**info, "backends": []})
         entry["backends"].append(info["backend"])
+        log.info("replica %s joined on node %s", m.replica.key, m.replica.node)
 
     def _leave(self, m: _Member, why: str) -> None:
         m.left, m.left_reason = _now(), why

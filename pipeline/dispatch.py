@@ -12,6 +12,14 @@ in Ray). The policy, per call:
 3. **Wait.** Otherwise ``acquire`` returns None and the batch waits on the driver until a
    call finishes: work in flight stays bounded end to end, and a batch is never parked
    behind a slow GPU call while a CPU replica would have finished it sooner.
+4. **End of input.** Once every batch of the run has been admitted (``set_outlook``), in a
+   stage that has already spilled in this run, a GPU replica chosen by rule 1 takes the
+   batch only if it would finish it no later than the CPU pool would finish every batch
+   still to pass the stage (``_cpu_drain``). Otherwise the CPU replica with a free slot and
+   the earliest expected finish takes it, or, none free, the batch waits on the driver for
+   one: the run's tail is then the CPU pool's drain, not one slow GPU call started last. A
+   stage that never spilled (spare GPU capacity) keeps rule 1; a stage without CPU
+   replicas, or whose CPU pool is not measured yet, is not affected.
 
 As GPU calls finish, their replicas' queues shrink and new batches go back to the GPU.
 Expected waits come from measured service times: the driver sees each call finish, and a
@@ -19,7 +27,8 @@ replica runs one call at a time in submission order, so a call's service time is
 ``max(its submission, the replica's previous finish)`` to its finish, smoothed per replica
 (EWMA). Which pools exist is the spill mode's choice (actors/resources.py). The Ray
 executor (actors/executor.py) owns the actor handles and calls ``acquire``/``release``
-around each actor call with the time it observed.
+around each actor call with the time it observed, and ``set_outlook`` before each dispatch
+round (rule 4).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +113,23 @@ class Dispatcher:
     pools: dict[str, list[Replica]]
     served: Counter[str] = field(default_factory=Counter)  # calls per replica key
     clock: Callable[[], float] = time.monotonic  # the executor passes its own ``now``
+    # Rule 4 (set_outlook): every batch admitted; batches not yet submitted, per stage.
+    input_done: bool = False
+    remaining: dict[str, int] = field(default_factory=dict)
+    spilled: set[str] = field(default_factory=set)  # stages with a CPU call beside GPUs
+
+    def set_outlook(self, input_done: bool, remaining: Mapping[str, int]) -> None:
+        """What is left of the run, before a dispatch round (rule 4 of the module docstring).
+
+        ``input_done``: every batch of the run has been admitted (its read launched).
+        ``remaining[stage]``: batches not yet submitted to ``stage`` -- waiting on the driver
+        for it, or still in an earlier stage or read -- including the one about to be
+        acquired. Each call ``acquire`` hands out counts one of them submitted, so the
+        numbers stay right through a round of several calls until the next ``set_outlook``.
+        Never called: rule 4 is off, as before it existed.
+        """
+        self.input_done = input_done
+        self.remaining = {stage: max(0, int(n)) for stage, n in remaining.items()}
 
     def service(self, replica: Replica) -> float | None:
         """The replica's expected call time: its own EWMA, else its pool's mean, else None."""
@@ -135,14 +161,20 @@ class Dispatcher:
     def acquire(self, stage: str, now: float | None = None) -> Replica | None:
         """The replica that takes the next call of ``stage``, its slot taken; None = wait."""
         now = self.clock() if now is None else now
+        best = self._choose(stage, now)
+        if best is not None and best.pool == "gpu" and self.input_done and stage in self.spilled:
+            best = self._look_ahead(stage, best, now)
+        return None if best is None else self._take(best, now)
+
+    def _choose(self, stage: str, now: float) -> Replica | None:
+        """Rules 1-3: the replica that takes the next call, or None (wait); nothing taken."""
         replicas = self.pools[stage]
         for i, kind in enumerate(SPILL_ORDER):
             free = [r for r in replicas if r.pool == kind and r.free > 0]
             if not free:
                 continue
             if i == len(SPILL_ORDER) - 1:  # the last pool: earliest expected finish
-                best = min(free, key=lambda r: (self._finish(r, now), -r.free, r.index))
-                return self._take(best, now)
+                return min(free, key=lambda r: (self._finish(r, now), -r.free, r.index))
             best = min(free, key=lambda r: (self._wait(r, now), -r.free, r.index))
             # The pools after this one, slots free or not: how soon they could finish it.
             later = [r for r in replicas if r.pool in SPILL_ORDER[i + 1 :]]
@@ -150,12 +182,68 @@ class Dispatcher:
             wait = self._wait(best, now)
             # not saturated: nowhere else to go, or a known wait no longer than the fallback
             if not later or (wait < math.inf and wait <= fallback):
-                return self._take(best, now)
+                return best
         return None
+
+    def _look_ahead(self, stage: str, gpu: Replica, now: float) -> Replica | None:
+        """Rule 4: ``gpu`` (rule 1's choice) if it would finish the batch no later than the
+        CPU pool would drain the stage, else the CPU replica with a free slot and the
+        earliest expected finish (if sooner than the GPU), else None: wait for a CPU slot.
+        ``gpu`` when there is no estimate: no CPU replica with slots, or none measured."""
+        cpus = [r for r in self.pools[stage] if r.pool == "cpu" and r.max_in_flight > 0]
+        services = [self.service(r) for r in cpus]
+        if not cpus or any(s is None for s in services):
+            return gpu  # no CPU replica to drain to, or no estimate: rules 1-3 only
+        gpu_finish = self._finish(gpu, now)
+        todo = max(1, self.remaining.get(stage, 1))  # this batch at least
+        if gpu_finish <= self._cpu_drain(cpus, services, todo, now, stop=gpu_finish):
+            return gpu  # done before the CPU pool would be anyway: the tail does not grow
+        free = [r for r in cpus if r.free > 0]
+        best = min(free, key=lambda r: (self._finish(r, now), -r.free, r.index), default=None)
+        if best is not None and self._finish(best, now) < gpu_finish:
+            return best
+        # Wait for a busy CPU replica's slot: the drain has it finish the batch before the
+        # GPU would. One is busy: with every CPU replica free, the drain's first call is
+        # ``best``'s own finish, and the drain is sooner than the GPU's. No deadlock, then:
+        # a call in flight on it will be released.
+        return None
+
+    @staticmethod
+    def _cpu_drain(
+        cpus: list[Replica], services: list[float], todo: int, now: float, stop: float
+    ) -> float:
+        """Seconds from ``now`` until the CPU replicas ``cpus`` would have finished what
+        they hold plus ``todo`` more calls of the stage, or the first value >= ``stop``.
+
+        Each replica first clears its own queue (``Replica.wait``: the rest of the running
+        call and the queued ones); then the ``todo`` calls go one by one to the replica that
+        would finish each first, as rule 2 sends them (list scheduling: exact for FIFO
+        replicas at their expected service times). With ``n`` replicas of equal service
+        time ``s`` and queues ``q_i`` it is about ``(sum(q_i) + todo * s) / n``, rounded up
+        to whole calls, and never less than one call's finish nor the longest queue: the
+        pool's drain counts what it already holds. Two errors, opposite ways: every batch
+        left is assumed ready now (those still upstream are not: the drain comes out too
+        early, towards the CPU pool), and all of them on the CPU pool (the GPU takes some:
+        too late, towards the GPU). Both are small at the end of the input, where it acts.
+        """
+        ends = [r.wait(now, s) for r, s in zip(cpus, services, strict=True)]
+        last = max(ends)
+        for _ in range(todo):
+            if last >= stop:
+                break  # the drain only grows: the answer is already known
+            i = min(range(len(ends)), key=lambda j: ends[j] + services[j])
+            ends[i] += services[i]
+            last = max(last, ends[i])
+        return last
 
     def _take(self, replica: Replica, now: float) -> Replica:
         replica.submitted.append(now)
         self.served[replica.key] += 1
+        stage = replica.stage
+        if self.remaining.get(stage, 0) > 0:
+            self.remaining[stage] -= 1  # submitted now: no longer remaining (set_outlook)
+        if replica.pool == "cpu" and any(r.pool == "gpu" for r in self.pools[stage]):
+            self.spilled.add(stage)
         return replica
 
     def release(self, replica: Replica, now: float | None = None) -> None:

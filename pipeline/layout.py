@@ -27,7 +27,7 @@ from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.schema import STAGES
 from docintel.pipeline.stages import Stage
 from docintel.pipeline.stages.base import Placement
-from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+from docintel.pipeline.stages.classify import Classifier, Int8Classifier, OnnxClassifier
 from docintel.pipeline.stages.embed import Embedder
 from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.faults import MODELLED_STAGES, ModelledStage, PoisonedStage
@@ -290,12 +290,18 @@ def unplaceable(cfg: Config, layout: dict[str, list[Pool]], shape: ClusterShape)
 
 
 def _onnx_fp32(cfg: Config, pool: Pool) -> bool:
-    return pool.kind == CPU_POOL and pool.precision == "fp32" and cfg.embed.cpu_runtime == "onnx"
+    """Whether ``pool`` runs its model's fp32 ONNX copy (CPU fp32 pools of embed and
+    classify, unless [embed] / [classify] cpu_runtime says the framework itself)."""
+    if pool.kind != CPU_POOL or pool.precision != "fp32":
+        return False
+    if pool.stage == "embed":
+        return cfg.embed.cpu_runtime == "onnx"
+    return pool.stage == "classify" and cfg.classify.cpu_runtime == "onnx"
 
 
-def onnx_fp32_needed(cfg: Config, layout: dict[str, list[Pool]]) -> bool:
-    """Whether an embed pool runs the fused fp32 ONNX encoder (it must exist first)."""
-    return any(_onnx_fp32(cfg, p) for p in layout.get("embed", []))
+def onnx_fp32_stages(cfg: Config, layout: dict[str, list[Pool]]) -> list[str]:
+    """Stages with a pool that runs an fp32 ONNX copy (built before the run if missing)."""
+    return [s for s, pools in layout.items() if any(_onnx_fp32(cfg, p) for p in pools)]
 
 
 def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
@@ -319,6 +325,8 @@ def build_stage(cfg: Config, pool: Pool) -> Stage:
         stage = Embedder(cfg.embed, replicas=pool.replicas, placement=placement)
     elif pool.stage == "classify" and int8:
         stage = Int8Classifier(cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS)
+    elif pool.stage == "classify" and _onnx_fp32(cfg, pool):
+        stage = OnnxClassifier(cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS)
     elif pool.stage == "classify":
         stage = Classifier(cfg.classify, threads=CLASSIFY_THREADS, placement=placement)
     else:

@@ -62,6 +62,7 @@ class RunSummary:
     wall_seconds: float = 0.0
     startup_seconds: float = 0.0
     processing_seconds: float = 0.0
+    models_loaded_seconds: float | None = None  # every starting replica joined (overlaps)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, dict[str, int]] = field(default_factory=dict)
     replicas: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> pool -> n
@@ -308,9 +309,12 @@ class RunOutput:
             "resumed_batches": summary.skipped_batches,
             "timings": {
                 "wall_seconds": summary.wall_seconds,
-                # checks, Ray start and model loading, then streaming the batches
+                # checks, Ray start, reads and model loads until the first replica call;
+                # then streaming the batches, while the other replicas finish loading
                 "startup_seconds": summary.startup_seconds,
                 "processing_seconds": summary.processing_seconds,
+                # when the last replica of the starting layout had loaded its model
+                "models_loaded_seconds": summary.models_loaded_seconds,
                 "stage_seconds": summary.stage_seconds,
             },
             "backends": summary.backends,

@@ -24,6 +24,7 @@ from docintel.pipeline.artefacts import (
     BUILD_LOCK,
     FP32_MODEL_FILE,
     INT8_MODEL_FILE,
+    classifier_fp32_path,
     classifier_int8_path,
 )
 from docintel.pipeline.config import Config
@@ -35,7 +36,7 @@ from docintel.pipeline.layout import (
     check_declared_gpus,
     expected_shape,
     int8_stages,
-    onnx_fp32_needed,
+    onnx_fp32_stages,
     stage_layout,
 )
 from docintel.pipeline.schema import DOC_ID, TEXT
@@ -87,7 +88,7 @@ class _Derived:
 
     what: str
     path: Path
-    kind: str  # "fp32" | "int8" | "int8-head": how offline/quantize builds it
+    kind: str  # "fp32" | "int8" | "fp32-head" | "int8-head": how offline/quantize builds it
     stage: str
 
 
@@ -111,8 +112,12 @@ def _derived(cfg: Config, layout: dict[str, list[Pool]] | None = None) -> list[_
     layouts = [layout] if layout is not None else _layouts(cfg)
     folder = cfg.embed.resolved_int8_dir()
     out = []
-    if any(onnx_fp32_needed(cfg, lay) for lay in layouts):
+    onnx = {s for lay in layouts for s in onnx_fp32_stages(cfg, lay)}
+    if "embed" in onnx:
         out.append(_Derived("fused fp32 ONNX encoder", folder / FP32_MODEL_FILE, "fp32", "embed"))
+    if "classify" in onnx:
+        head = classifier_fp32_path(folder, cfg.classify.resolved_model_dir())
+        out.append(_Derived("fp32 ONNX classifier", head, "fp32-head", "classify"))
     int8 = {s for lay in layouts for s in int8_stages(lay)}
     if "embed" in int8:
         out.append(_Derived("int8 encoder", folder / INT8_MODEL_FILE, "int8", "embed"))
@@ -125,7 +130,7 @@ def _derived(cfg: Config, layout: dict[str, list[Pool]] | None = None) -> list[_
 def _check_int8(cfg: Config) -> None:
     """The int8 artefacts exist for every stage whose layout runs them."""
     for d in _derived(cfg):
-        if d.kind != "fp32" and not d.path.is_file():
+        if d.kind.startswith("int8") and not d.path.is_file():
             raise ModelError(
                 f"the {d.stage} stage's CPU replicas run the {d.what}, but {d.path} (keyed "
                 "by the source model's version) does not exist: build it once with "
@@ -144,8 +149,9 @@ def ensure_derived(
     layout: dict[str, list[Pool]] | None = None,
 ) -> None:
     """Build, once per model version, the derived models this layout runs and the cache
-    lacks: the fused fp32 ONNX encoder, the int8 encoder and classifier. Never refused for
-    a missing artefact; concurrent runs wait on one build (a lock in the folder)."""
+    lacks: the fp32 ONNX encoder and classifier head, the int8 encoder and classifier. Never
+    refused for a missing artefact; concurrent runs wait on one build (a lock in the
+    folder)."""
     int8 = cfg.embed.resolved_int8_dir()
     missing = [d for d in _derived(cfg, layout) if not d.path.is_file()]
     if not missing:
@@ -180,6 +186,8 @@ def _build(kind: str, cfg: Config, int8: Path, clf_dir: Path) -> None:
                 quantize.build_fp32(encoder, int8)
             elif kind == "int8":
                 quantize.build_int8(encoder, int8)
+            elif kind == "fp32-head":
+                quantize.build_fp32_classifier(clf_dir, int8)
             else:
                 quantize.build_int8_classifier(clf_dir, int8)
         finally:

@@ -34,6 +34,7 @@ from docintel.pipeline.artefacts import (
     META_SOURCE_FINGERPRINT,
     PARITY_FILE,
     RECIPE_FILE,
+    classifier_fp32_path,
     classifier_int8_path,
 )
 from docintel.pipeline.config import EmbedConfig
@@ -337,6 +338,17 @@ def build_int8_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
     as ONNX metadata (the file is the whole artefact). Written to a temporary name first and
     renamed, so a reader never sees half a file. Imports TensorFlow (to read the .keras).
     """
+    return _build_head(classifier_dir, classifier_int8_path(int8_dir, classifier_dir), True)
+
+
+def build_fp32_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
+    """Build ``classifier_fp32_path(int8_dir, classifier_dir)``: the head's fp32 graph as
+    :func:`build_int8_classifier` makes it, not quantized (the default CPU classify path:
+    identical labels to Keras, no TensorFlow in the replica). Imports TensorFlow once."""
+    return _build_head(classifier_dir, classifier_fp32_path(int8_dir, classifier_dir), False)
+
+
+def _build_head(classifier_dir: Path, target: Path, int8: bool) -> Path:
     import os
     import tempfile
 
@@ -349,28 +361,30 @@ def build_int8_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
     model = load_keras(classifier_dir / CLASSIFIER_MODEL_FILE)
     fp32 = keras_head_to_onnx(model, classifier_dir / CLASSIFIER_MODEL_FILE)
     source = fingerprint(classifier_dir)
-    target = classifier_int8_path(int8_dir, classifier_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    recipe = {
+    recipe: dict[str, Any] = {
         "source": str(classifier_dir),
         "format": "onnx",
         "opset": ONNX_OPSET,
         "graph": "Keras head rebuilt from its weights (MatMul/Add/Relu/Softmax, Sum for the "
         "ensemble average)",
-        "quantization": {
+        "quantization": None,
+        "onnxruntime": onnxruntime.__version__,
+    }
+    if int8:
+        recipe["quantization"] = {
             "mode": "dynamic",
             "weights": "int8 per-channel (symmetric)",
             "activations": "uint8 per-tensor, computed per call",
             "op_types": ["MatMul"],
             "reduce_range": False,
-        },
-        "onnxruntime": onnxruntime.__version__,
-    }
+        }
     with tempfile.TemporaryDirectory(prefix="docintel-quantize-head-") as tmp:
         raw, quant = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(fp32, str(raw))
-        quantize_classifier_onnx(raw, quant, per_channel=True)
-        q = onnx.load(str(quant))
+        if int8:
+            quantize_classifier_onnx(raw, quant, per_channel=True)
+        q = onnx.load(str(quant if int8 else raw))
         for key, value in (
             (META_SOURCE_FINGERPRINT, source),
             (META_LABELS, json.dumps(labels)),

@@ -1,5 +1,7 @@
-"""Sentence labels from a Keras classifier over the embeddings (TensorFlow backend), or
-from its int8 copy on ONNX Runtime (CPU spill replicas; no TensorFlow in the process)."""
+"""Sentence labels from a Keras classifier over the embeddings: Keras itself (TensorFlow
+backend; GPU replicas, or ``[classify] cpu_runtime = "keras"``), or the same head as an ONNX
+graph on ONNX Runtime without TensorFlow in the process: fp32 on CPU replicas (the
+default), int8 on CPU spill replicas."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from docintel.pipeline.artefacts import (
     LABELS_FILE,
     META_SOURCE_FINGERPRINT,
     TRAINING_FILE,
+    classifier_fp32_path,
     classifier_int8_path,
 )
 from docintel.pipeline.config import ClassifyConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import (
     BACKEND_CPU_FP32,
+    BACKEND_CPU_FP32_ONNX,
     BACKEND_CPU_INT8,
     BACKEND_GPU_FP32,
     BACKEND_GPU_SIM,
@@ -167,15 +171,18 @@ class Classifier(Stage):
         self.model = None
 
 
-class Int8Classifier(Classifier):
-    """The classifier's int8 copy (built by `docintel quantize`) on ONNX Runtime.
+class OnnxClassifier(Classifier):
+    """The classifier head as an ONNX graph on ONNX Runtime, built from the Keras weights
+    (``docintel quantize``, or a run's first need; cached by the head's version).
 
-    Same contract as ``Classifier`` (it reuses ``__call__``): labels from the fp32 folder's
-    labels.json, probabilities in the same order. Loads a prebuilt file and never imports
-    TensorFlow: a process holding it is ~0.16 GiB instead of ~0.78 GiB, and a
-    1,024-row batch runs 5x faster on one thread (bench/quantize_classifier.md). Nothing is
-    quantized here.
+    fp32 (this class) is the default CPU path: identical labels to Keras on the validation
+    set and no TensorFlow in the process, which saves a CPU replica ~4.5 CPU-s of import
+    and ~0.6 GiB. Same contract as ``Classifier`` (it reuses ``__call__``): labels from the
+    source folder's labels.json, probabilities in the same order. Loads a prebuilt file;
+    nothing is converted here.
     """
+
+    precision: ClassVar[str] = "fp32"
 
     def __init__(
         self,
@@ -190,7 +197,12 @@ class Int8Classifier(Classifier):
         self.session: Any = None
 
     def artefact_path(self) -> Path:
-        return self.artefact or classifier_int8_path(self.int8_dir, self.cfg.resolved_model_dir())
+        return self.artefact or classifier_fp32_path(self.int8_dir, self.cfg.resolved_model_dir())
+
+    def _built_by(self) -> str:
+        if self.precision == "int8":
+            return '`docintel quantize` (or set [embed] cpu_precision = "fp32")'
+        return '`docintel quantize` or a run (or set [classify] cpu_runtime = "keras")'
 
     def setup(self) -> None:
         import onnxruntime as ort
@@ -198,10 +210,10 @@ class Int8Classifier(Classifier):
         model_dir = self.cfg.resolved_model_dir()
         self.labels, _ = read_classifier_meta(model_dir)
         path = self.artefact_path()
+        what = f"the {self.precision} classifier {path}"
         if not path.is_file():
             raise ModelError(
-                f"the int8 classifier {path} (for {model_dir}) does not exist; build it with "
-                '`docintel quantize` (or set [embed] cpu_precision = "fp32")'
+                f"{what} (for {model_dir}) does not exist; build it with {self._built_by()}"
             )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads or 1
@@ -212,16 +224,15 @@ class Int8Classifier(Classifier):
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT's InvalidProtobuf/Fail/... derive from Exception only
             raise ModelError(
-                f"could not load the int8 classifier {path}: {e}; rebuild it with "
-                "`docintel quantize`"
+                f"could not load {what}: {e}; rebuild it with `docintel quantize`"
             ) from e
         meta = self.session.get_modelmeta().custom_metadata_map
         built_from = meta.get(META_SOURCE_FINGERPRINT, "unrecorded")
         version = fingerprint(model_dir)
         if self.artefact is None and built_from != version:
             raise ModelError(
-                f"the int8 classifier {path} was built from {built_from}, not {version} "
-                f"({model_dir}); rebuild it with `docintel quantize`"
+                f"{what} was built from {built_from}, not {version} ({model_dir}); rebuild "
+                "it with `docintel quantize`"
             )
         (inp,) = self.session.get_inputs()
         (out,) = self.session.get_outputs()
@@ -233,8 +244,9 @@ class Int8Classifier(Classifier):
                 f"{path} outputs {n_out} classes but {model_dir / LABELS_FILE} names "
                 f"{len(self.labels)}; rebuild it with `docintel quantize`"
             )
-        self.backend = BACKEND_CPU_INT8
-        self.version = f"{version}+int8@{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+        self.backend = BACKEND_CPU_INT8 if self.precision == "int8" else BACKEND_CPU_FP32_ONNX
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        self.version = f"{version}+{'int8' if self.precision == 'int8' else 'onnx'}@{digest}"
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         if x.shape[1] != self.input_dim:
@@ -249,3 +261,15 @@ class Int8Classifier(Classifier):
 
     def teardown(self) -> None:
         self.session = None
+
+
+class Int8Classifier(OnnxClassifier):
+    """The classifier's int8 copy (built by `docintel quantize`, or a run's first need) on
+    ONNX Runtime: the CPU spill replicas' head. A process holding it is ~0.16 GiB instead
+    of ~0.78 GiB with Keras, and a 1,024-row batch runs 5x faster on one thread
+    (bench/quantize_classifier.md)."""
+
+    precision: ClassVar[str] = "int8"
+
+    def artefact_path(self) -> Path:
+        return self.artefact or classifier_int8_path(self.int8_dir, self.cfg.resolved_model_dir())

@@ -254,7 +254,8 @@ class Embedder(Stage):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode():
-            for group in pack_by_length(lengths, self.cfg.token_budget, self.cfg.max_microbatch):
+            budget = self.cfg.gpu_token_budget if self.device == "cuda" else self.cfg.token_budget
+            for group in pack_by_length(lengths, budget, self.cfg.max_microbatch):
                 width = lengths[group[0]]
                 input_ids = torch.full((len(group), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(group), width), dtype=torch.long)

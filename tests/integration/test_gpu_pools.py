@@ -99,7 +99,7 @@ def test_without_saturation_nothing_spills(
 
 @pytest.mark.parametrize(
     ("spill", "expected"), [("gpu-only", "gpu-sim"), ("cpu-only", "cpu-fp32"), ("off", "gpu-sim")]
-)
+)  # cpu-fp32: the CPU pools are the main path, fp32 (embed and classify on their ONNX graphs)
 def test_modes_use_only_their_pool(
     tmp_path: Path, headlines: list[str], spill: str, expected: str, int8_encoder: Path
 ) -> None:
@@ -108,8 +108,12 @@ def test_modes_use_only_their_pool(
     cfg = _gpu_config(f"mode-{spill}", int8_encoder, spill, **{"faults.gpu_delay_s": 0.2})
     execute(cfg, str(inp), str(out))
     tables = assert_exactly_once(out, ids)
-    assert all(set(b) == {expected} for b in _backends(out).values())
-    assert set(tables["sentences"].embed_backend) == {expected}
+    onnx = {"cpu-fp32": "cpu-fp32-onnx"}.get(expected, expected)
+    want = {"sentencize": expected, "embed": onnx, "classify": onnx}
+    assert {stage: set(b) for stage, b in _backends(out).items()} == {
+        stage: {b} for stage, b in want.items()
+    }
+    assert set(tables["sentences"].embed_backend) == {onnx}
 
 
 def test_gpu_and_int8_cpu_replicas_agree_on_labels(

@@ -61,7 +61,8 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     assert docs.loc["b4", "n_truncated"] == 1
     assert sents.loc[sents.truncated, "n_tokens"].eq(256).all()
     # every row says how it was made
-    assert set(sents.embed_backend) == {"cpu-fp32"}
+    assert set(sents.embed_backend) == {"cpu-fp32-onnx"}  # the fused fp32 graph
+    assert set(sents.classify_backend) == {"cpu-fp32-onnx"}  # the head without TF
     assert sents.embed_model.str.startswith("encoder@").all()  # the fine-tuned default
     assert len(sents.embedding.iloc[0]) == 384
     manifest = json.loads((out / "_manifest.json").read_text())
@@ -75,7 +76,7 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
         assert len(names) == 1 and names[0].startswith("part-merged-"), names
         assert manifest["parts"]["tables"][table]["files"] == 1
     assert docs.batch_id.nunique() == 5  # each row still names the batch that made it
-    assert manifest["backends"]["embed"] == {"cpu-fp32": manifest["counts"]["batches"]}
+    assert manifest["backends"]["embed"] == {"cpu-fp32-onnx": manifest["counts"]["batches"]}
 
 
 def test_undecodable_and_non_string_text_become_error_rows(tmp_path: Path) -> None:

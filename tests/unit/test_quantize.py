@@ -29,7 +29,7 @@ from docintel.pipeline.offline.quantize import (
 )
 from docintel.pipeline.plan import check_models
 from docintel.pipeline.schema import BACKEND_CPU_INT8, EMBEDDING
-from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+from docintel.pipeline.stages.classify import Classifier, Int8Classifier, OnnxClassifier
 from docintel.pipeline.stages.embed_int8 import Int8Embedder
 from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO, VALID_CSV
@@ -236,9 +236,10 @@ def test_unsupported_head_is_refused_naming_the_layer(tmp_path: Path) -> None:
     ("overrides", "expected"),
     [
         ({"resources.classify.gpu_replicas": 1}, Int8Classifier),  # a spill pool
-        ({"resources.classify.gpu_replicas": 1, "run.spill": "cpu-only"}, Classifier),
-        ({"resources.classify.gpu_replicas": 1, "embed.cpu_precision": "fp32"}, Classifier),
-        ({}, Classifier),  # no GPU replicas: the CPU pool is the main path, fp32
+        ({"resources.classify.gpu_replicas": 1, "run.spill": "cpu-only"}, OnnxClassifier),
+        ({"resources.classify.gpu_replicas": 1, "embed.cpu_precision": "fp32"}, OnnxClassifier),
+        ({}, OnnxClassifier),  # no GPU replicas: the CPU pool is the main path, fp32 (ONNX)
+        ({"classify.cpu_runtime": "keras"}, Classifier),
         ({"embed.cpu_precision": "int8"}, Int8Classifier),
     ],
 )
