@@ -19,7 +19,10 @@ core of its own, as a GPU host and a CPU host would, so adding the two pools' ra
 fair bar. A GPU replica is still ``gpu-sim``: it sleeps ``--gpu-delay`` s per call
 (``[faults] gpu_delay_s``, so the GPU pool saturates) and then runs its fp32 model on core
 0 (its "device"). The driver and the head's processes float on both cores; their CPU time
-is reported.
+is reported. With ``--gpu-model S`` the GPU replicas of embed and classify compute nothing
+and sleep ``S`` s per sentence after the delay (``[faults] gpu_model_s_per_sentence``,
+rows say ``gpu-model``): core 0 then stays free for the driver and the head, which
+otherwise take part of the CPU node's core whenever the stand-in GPU computes.
 
 Runs: gpu-only, cpu-only and auto on the same corpus (saturated: 2 x the slots admitted),
 ``--rounds`` times, in that order; then auto with one batch in flight (no saturation),
@@ -118,7 +121,14 @@ def corpus(folder: Path, name: str, repeat: int, docs: int, batch: int) -> Path:
     return path
 
 
-def config(run_id: str, spill: str, delay: float, batch: int, in_flight: int = 0) -> Config:
+def config(
+    run_id: str,
+    spill: str,
+    delay: float,
+    batch: int,
+    in_flight: int = 0,
+    model_s_per_sentence: float = 0.0,
+) -> Config:
     o: dict[str, Any] = {
         "run.run_id": run_id,
         "run.spill": spill,
@@ -128,6 +138,9 @@ def config(run_id: str, spill: str, delay: float, batch: int, in_flight: int = 0
         "run.part_target_mb": 0,  # no end-of-run merge: nothing to measure there
         "run.max_batches_in_flight": in_flight,
         "faults.gpu_delay_s": delay,
+        # --gpu-model: the GPU replicas of embed and classify sleep a modelled service time
+        # instead of computing fp32 on core 0 (gpu-model rows)
+        "faults.gpu_model_s_per_sentence": model_s_per_sentence,
         # the CPU pool runs the int8 models in every mode, so cpu-only measures the same
         # CPU replicas that auto spills to
         "embed.cpu_precision": "int8",
@@ -388,7 +401,13 @@ def _replica_table(runs: list[Run]) -> None:
 def report(sim: SimCluster, watch: NodeWatch, runs: list[Run], args: argparse.Namespace) -> None:
     print(
         f"# Spill on disjoint simulated hardware: batches of {args.batch} documents, GPU replicas "
-        f"delayed {args.gpu_delay:g} s per call\n"
+        f"delayed {args.gpu_delay:g} s per call"
+        + (
+            f", embed and classify modelled at {args.gpu_model:g} s per sentence (gpu-model)"
+            if args.gpu_model
+            else ""
+        )
+        + "\n"
     )
     for line in machine_lines():
         print(f"- {line}")
@@ -416,6 +435,13 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=528, help="demo documents per copy")
     ap.add_argument("--calm-docs", type=int, default=80, help="documents of the no-saturation run")
     ap.add_argument("--gpu-delay", type=float, default=1.0, help="seconds per GPU call")
+    ap.add_argument(
+        "--gpu-model",
+        type=float,
+        default=0.0,
+        help="seconds per sentence that the GPU replicas of embed and classify sleep "
+        "instead of computing (0 = they compute fp32 on the GPU node's core, gpu-sim)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the three saturated runs")
     ap.add_argument(
         "--gpu-rounds",
@@ -464,7 +490,7 @@ def main() -> None:
                 if only and (("calm" if is_calm else name) not in only):
                     continue
                 run_id = f"b{rnd}-{spill}-{in_flight}"
-                cfg = config(run_id, spill, args.gpu_delay, args.batch, in_flight)
+                cfg = config(run_id, spill, args.gpu_delay, args.batch, in_flight, args.gpu_model)
                 wait_for_quiet(args.quiet_below, args.quiet_wait)
                 inp = calm if is_calm else saturated
                 runs.append(measure(sim, name, rnd, cfg, inp, Path(tmp) / f"out-{run_id}"))

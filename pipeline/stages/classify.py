@@ -244,9 +244,13 @@ class OnnxClassifier(Classifier):
                 f"{path} outputs {n_out} classes but {model_dir / LABELS_FILE} names "
                 f"{len(self.labels)}; rebuild it with `docintel quantize`"
             )
-        self.backend = BACKEND_CPU_INT8 if self.precision == "int8" else BACKEND_CPU_FP32_ONNX
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-        self.version = f"{version}+{'int8' if self.precision == 'int8' else 'onnx'}@{digest}"
+        if self.precision == "int8":
+            self.backend = BACKEND_CPU_INT8
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+            self.version = f"{version}+int8@{digest}"
+        else:  # the same weights, as the ONNX encoder says it: <version>+onnx
+            self.backend = BACKEND_CPU_FP32_ONNX
+            self.version = f"{version}+onnx"
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         if x.shape[1] != self.input_dim:

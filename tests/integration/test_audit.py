@@ -313,7 +313,9 @@ def test_model_change_reprocesses_every_document(nights: Nights, tmp_path: Path)
     assert s.models_changed and s.ran
     assert (s.new, s.changed, s.removed, s.unchanged, s.reprocessed) == (0, 0, 0, 0, 24)
     tables = assert_exactly_once(out / "run_date=2026-01-04", current)
-    assert set(tables["sentences"]["classify_model"]) == {s.models["classify"]}
+    # every row was classified by the new head (its fp32 ONNX copy on the CPU replicas:
+    # the source version the audit tracks, "+onnx")
+    assert set(tables["sentences"]["classify_model"]) == {s.models["classify"] + "+onnx"}
     assert s.models["classify"].startswith("finsent-v2@")
     state = json.loads((out / "_audit" / "state.json").read_text())
     assert state["models"]["classify"] == s.models["classify"]
