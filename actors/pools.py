@@ -255,10 +255,10 @@ class PoolManager:
         # Stages join independently: reads and the first stages go on meanwhile.
         for stage in self.layout:
             starting = [m for m in self.members if m.initial and m.replica.stage == stage]
-            if all(m.loaded is not None for m in starting if m.pending):
-                for m in starting:
-                    if m.pending and m.loaded is not None:
-                        self._join(m, m.loaded)
+            waiting = [m for m in starting if m.pending]
+            if all(m.loaded is not None for m in waiting):
+                for m in waiting:
+                    self._join(m, m.loaded)
         if self.loaded_at is None and not any(m.pending for m in self.members if m.initial):
             self.loaded_at = time.perf_counter()
 

@@ -183,6 +183,10 @@ class OnnxClassifier(Classifier):
     """
 
     precision: ClassVar[str] = "fp32"
+    # how to get the artefact when it is missing
+    built_by: ClassVar[str] = (
+        '`docintel quantize` or a run (or set [classify] cpu_runtime = "keras")'
+    )
 
     def __init__(
         self,
@@ -199,11 +203,6 @@ class OnnxClassifier(Classifier):
     def artefact_path(self) -> Path:
         return self.artefact or classifier_fp32_path(self.int8_dir, self.cfg.resolved_model_dir())
 
-    def _built_by(self) -> str:
-        if self.precision == "int8":
-            return '`docintel quantize` (or set [embed] cpu_precision = "fp32")'
-        return '`docintel quantize` or a run (or set [classify] cpu_runtime = "keras")'
-
     def setup(self) -> None:
         import onnxruntime as ort
 
@@ -213,7 +212,7 @@ class OnnxClassifier(Classifier):
         what = f"the {self.precision} classifier {path}"
         if not path.is_file():
             raise ModelError(
-                f"{what} (for {model_dir}) does not exist; build it with {self._built_by()}"
+                f"{what} (for {model_dir}) does not exist; build it with {self.built_by}"
             )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads or 1
@@ -274,6 +273,7 @@ class Int8Classifier(OnnxClassifier):
     (bench/quantize_classifier.md)."""
 
     precision: ClassVar[str] = "int8"
+    built_by: ClassVar[str] = '`docintel quantize` (or set [embed] cpu_precision = "fp32")'
 
     def artefact_path(self) -> Path:
         return self.artefact or classifier_int8_path(self.int8_dir, self.cfg.resolved_model_dir())

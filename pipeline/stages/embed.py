@@ -236,6 +236,11 @@ class Embedder(Stage):
         self.device = "cuda"
         self.backend = BACKEND_GPU_BF16 if dtype == torch.bfloat16 else BACKEND_GPU_FP16
 
+    @property
+    def token_budget(self) -> int:
+        """Padded tokens per forward pass: the CUDA budget on a card, else the CPU one."""
+        return self.cfg.gpu_token_budget if self.device == "cuda" else self.cfg.token_budget
+
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Embed ``texts``: (float32 [n, dim] unit vectors, token counts, truncated flags)."""
         import torch
@@ -254,8 +259,7 @@ class Embedder(Stage):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         pad = self.tokenizer.pad_token_id or 0
         with torch.inference_mode():
-            budget = self.cfg.gpu_token_budget if self.device == "cuda" else self.cfg.token_budget
-            for group in pack_by_length(lengths, budget, self.cfg.max_microbatch):
+            for group in pack_by_length(lengths, self.token_budget, self.cfg.max_microbatch):
                 width = lengths[group[0]]
                 input_ids = torch.full((len(group), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(group), width), dtype=torch.long)

@@ -1,5 +1,8 @@
 """The embedded Ray of a local run listens on loopback only, with token auth on and a
-private token file, even when the shell says RAY_AUTH_MODE=disabled."""
+private token file, even when the shell says RAY_AUTH_MODE=disabled. Its workers inherit
+docintel's worker environment (no runtime_env), which the driver's caller gets back
+afterwards; its autoscaler monitor can be ended first without harm, and the session leaves
+no process behind."""
 
 from __future__ import annotations
 
@@ -16,15 +19,35 @@ from tests.conftest import REPO
 # driver, the Ray daemons it started and their workers, while the session is up.
 PROBE = """
 import json, os, psutil, ray
-from docintel.actors.cluster import ray_session
+from docintel.actors.cluster import MONITOR_SCRIPT, _end_autoscaler_monitor, ray_session
 from docintel.pipeline.config import load_config
+
+def monitors():  # running ones (a killed one stays a zombie until Ray's shutdown reaps it)
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any(a.endswith(MONITOR_SCRIPT) for a in p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
 
 with ray_session(load_config(None, {"run.num_cpus": 1})):
     @ray.remote(num_cpus=0.1)
     def mode():
         return os.environ.get("RAY_AUTH_MODE")
 
+    @ray.remote(num_cpus=0.1)
+    def worker_env():
+        return {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE")}
+
     worker_mode = ray.get(mode.remote())
+    env_in_worker = ray.get(worker_env.remote())
+    job_runtime_env = ray.get_runtime_context().runtime_env
+    monitors_before = len(monitors())
+    _end_autoscaler_monitor()
+    monitors_after = len(monitors())
+    works_after = ray.get(mode.remote())
     me = psutil.Process()
     pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
     listening = sorted(
@@ -33,8 +56,14 @@ with ray_session(load_config(None, {"run.num_cpus": 1})):
          if c.status == psutil.CONN_LISTEN and c.pid in pids}
     )
     inside = os.environ.get("RAY_AUTH_MODE")
+alive = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
+         and p.status() != psutil.STATUS_ZOMBIE]
 print(json.dumps({"listening": listening, "worker_mode": worker_mode, "driver_mode": inside,
-                  "after": os.environ.get("RAY_AUTH_MODE")}))
+                  "after": os.environ.get("RAY_AUTH_MODE"), "env_in_worker": env_in_worker,
+                  "env_after": os.environ.get("TOKENIZERS_PARALLELISM"),
+                  "job_env_vars": dict(job_runtime_env).get("env_vars"),
+                  "monitors": [monitors_before, monitors_after], "works_after": works_after,
+                  "alive_after": alive}))
 """
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
@@ -47,6 +76,8 @@ def test_embedded_ray_listens_on_loopback_with_token_auth(tmp_path: Path) -> Non
     }
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         env.pop(name, None)
+    for name in ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE"):
+        env.pop(name, None)  # only docintel's worker environment sets them
     r = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO, env=env,
         timeout=300, check=False,
@@ -60,6 +91,13 @@ def test_embedded_ray_listens_on_loopback_with_token_auth(tmp_path: Path) -> Non
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert got["driver_mode"] == "token" and got["worker_mode"] == "token"
     assert got["after"] == "disabled"  # the caller's environment is restored afterwards
+    # the workers' environment arrives by inheritance, not through a runtime_env
+    assert got["env_in_worker"] == {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    assert not got["job_env_vars"], got["job_env_vars"]
+    assert got["env_after"] is None
+    # the autoscaler monitor ran, was ended before shutdown, and Ray kept working
+    assert got["monitors"] == [1, 0] and got["works_after"] == "token"
+    assert got["alive_after"] == [], got["alive_after"]  # nothing left behind
     token = tmp_path / ".ray" / "auth_token"
     assert token.is_file() and len(token.read_text().strip()) == 64
     assert stat.S_IMODE(token.stat().st_mode) == 0o600

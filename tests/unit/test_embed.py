@@ -219,3 +219,15 @@ def test_encoding_in_chunks_gives_the_same_embeddings(embedder, valid_texts, mon
     b = np.array(chunked[EMBEDDING].to_pylist())
     assert np.allclose(a, b, atol=1e-5)
     assert whole[N_TOKENS].to_pylist() == chunked[N_TOKENS].to_pylist()
+
+
+def test_cuda_replicas_pack_to_the_gpu_token_budget(embedder):
+    """CPU replicas pack small passes (token_budget); a replica on a card packs to
+    gpu_token_budget (the attribute encode() packs with, whatever the device)."""
+    cfg = EmbedConfig(token_budget=512, gpu_token_budget=16_384)
+    stage = copy.copy(embedder)
+    stage.cfg = cfg
+    assert stage.device == "cpu" and stage.token_budget == 512
+    stage.device = "cuda"
+    assert stage.token_budget == 16_384
+    assert EmbedConfig().token_budget == 1024 and EmbedConfig().gpu_token_budget == 8192
