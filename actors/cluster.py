@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ import ray
 
 from docintel.actors.pools import PoolManager, actor_name, current_shape
 from docintel.actors.resources import check_layout
+from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, Config
-from docintel.pipeline.layout import Pool, stage_layout
+from docintel.pipeline.layout import ClusterShape, Pool, stage_layout
 
 __all__ = ["actor_name", "current_shape", "ray_session", "stage_pools"]
 
@@ -90,7 +92,7 @@ def _local_only() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: Config) -> Iterator[None]:
+def ray_session(cfg: Config, shape: ClusterShape | None = None) -> Iterator[None]:
     """An embedded local Ray (default) or a connection to ``run.ray_address``.
 
     The embedded Ray listens on 127.0.0.1 only, with token authentication on and the
@@ -117,8 +119,9 @@ def ray_session(cfg: Config) -> Iterator[None]:
         kwargs.update(
             address="local",  # always a new embedded instance, never a stale or other cluster
             num_cpus=cfg.run.num_cpus or os.cpu_count(),
-            # "auto": Ray detects the machine's GPUs; N: N logical GPUs (checked in prepare)
-            num_gpus=None if cfg.run.num_gpus == AUTO else cfg.run.num_gpus,
+            # the GPUs prepare() found (it asked nvidia-smi once) or N logical ones
+            # (checked in prepare); without a plan's shape, "auto" lets Ray detect them
+            num_gpus=_gpus(cfg, shape),
             include_dashboard=False,
             # Read and write tasks reuse idle workers instead of starting a new Python
             # process each: Ray kills idle workers above one per CPU after 1 s, and with
@@ -137,6 +140,12 @@ def ray_session(cfg: Config) -> Iterator[None]:
             if local:
                 _end_autoscaler_monitor()
             ray.shutdown()
+
+
+def _gpus(cfg: Config, shape: ClusterShape | None) -> float | None:
+    if shape is not None:
+        return shape.gpus
+    return None if cfg.run.num_gpus == AUTO else cfg.run.num_gpus
 
 
 MONITOR_SCRIPT = "ray/autoscaler/_private/monitor.py"
@@ -159,6 +168,17 @@ def _end_autoscaler_monitor() -> None:
                 proc.kill()
 
 
+def _ship_user_stages(cfg: Config) -> None:
+    """The modules of user-defined stages travel with the stage objects, pickled by value:
+    a ``module:Class`` the driver imports from its own path (a file beside a notebook, a
+    folder on PYTHONPATH) then works in every worker, on a cluster too, without installing
+    it there. A stage whose module imports other modules of its own still needs those
+    installed on the nodes (an image, or ``docintel submit --working-dir``)."""
+    for spec in registry.chain(cfg):
+        if not spec.builtin:
+            ray.cloudpickle.register_pickle_by_value(sys.modules[spec.cls.__module__])
+
+
 @contextlib.contextmanager
 def stage_pools(
     cfg: Config,
@@ -172,6 +192,7 @@ def stage_pools(
     shape = current_shape()
     layout = layout or stage_layout(cfg, shape)
     check_layout(cfg, layout, shape)
+    _ship_user_stages(cfg)
     manager = PoolManager(cfg, run_id, layout)
     try:
         manager.start()

@@ -1,6 +1,6 @@
 """Stream batches through the stage pools with Ray actors, ObjectRefs and ``ray.wait``.
 
-Each batch moves read → sentencize → embed → classify → write. The driver only passes
+Each batch moves read → every stage of the chain in order → write. The driver only passes
 ObjectRefs from call to call (``fetch_local=False``): document data never reaches it.
 A batch advances to the next stage when its previous call finished and the dispatcher
 grants a replica slot (pipeline/dispatch.py: GPU first, CPU when the GPU replicas are
@@ -12,10 +12,11 @@ learns each replica's service time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +25,12 @@ from ray.exceptions import RayError
 
 from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import task_options
+from docintel.pipeline.batch import Batch
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
-from docintel.pipeline.sink import BatchStats, write_batch
+from docintel.pipeline.sink import BatchStats, RunSink
 from docintel.pipeline.source import WorkUnit, read_unit
 
-STAGE_ORDER = ("sentencize", "embed", "classify")
 READ = "read"
 WRITE = "write"
 # A batch whose chain fails (after Ray's own actor restarts and task retries) is re-run
@@ -46,7 +47,14 @@ def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) 
 
 
 _read_task = ray.remote(_read)
-_write_task = ray.remote(write_batch)
+
+
+def _write(sink: RunSink, batch: Batch) -> BatchStats:
+    """A write task: the run's sink (resolved from its ref) writes one finished batch."""
+    return sink.write(batch)
+
+
+_write_task = ray.remote(_write)
 
 
 @dataclass
@@ -57,12 +65,29 @@ class _Flight:
     pools: dict[str, str] = field(default_factory=dict)  # stage -> pool that served it
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sink:
-    fs: Any
-    root: str
-    labels: list[str]
-    embeddings: bool
+    """The run's sink (pipeline/sink.py), put in the object store once per run: each write
+    task is handed this ref, not a copy of the sink pickled into every task."""
+
+    ref: ray.ObjectRef  # of a RunSink
+
+    @classmethod
+    def of(cls, sink: RunSink) -> Sink:
+        return cls(ray.put(sink))
+
+
+@dataclass
+class _Loop:
+    """The executor loop's state for one run."""
+
+    queues: dict[str, deque[tuple[_Flight, ray.ObjectRef, float]]]
+    todo: Iterator[WorkUnit]  # units not yet admitted
+    skip: set[str]  # batches committed by an earlier invocation
+    unit: WorkUnit | None = None  # the next unit to admit
+    admitted: int = 0  # batches between read and write
+    pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = field(default_factory=dict)
+    live: dict[str, _Flight] = field(default_factory=dict)  # admitted, not yet written
 
 
 class Executor:
@@ -83,6 +108,11 @@ class Executor:
     ) -> None:
         self.actors = actors  # replica key -> actor handle
         self.dispatcher = dispatcher
+        # the chain in order (the dispatcher's pools are keyed by it), and where a batch
+        # goes after each step: read -> first stage -> ... -> last stage -> write
+        self.stages = list(dispatcher.pools)
+        steps = [READ, *self.stages, WRITE]
+        self.after = dict(itertools.pairwise(steps))
         self.source_fs = source_fs
         self.id_column = id_column
         self.text_column = text_column
@@ -117,58 +147,25 @@ class Executor:
         on_batch: Callable[[BatchStats], None],
     ) -> list[BatchStats]:
         """Process every batch of ``units`` not in ``skip``; return the stats of each."""
-        queues: dict[str, deque[tuple[_Flight, ray.ObjectRef, float]]] = {
-            s: deque() for s in (*STAGE_ORDER, WRITE)
-        }
-        pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = {}
-        live: dict[str, _Flight] = {}  # admitted and not yet written (for the outlook)
-        todo = (u for u in units if not all(b in skip for b in u.batch_ids))
-        unit = next(todo, None)
-        admitted = 0
+        st = _Loop(
+            queues={s: deque() for s in (*self.stages, WRITE)},
+            todo=(u for u in units if not all(b in skip for b in u.batch_ids)),
+            skip=skip,
+        )
+        st.unit = next(st.todo, None)
         done: list[BatchStats] = []
         while True:
-            # Admission counts batches: a unit goes in when its batches fit under the cap
-            # (or, bigger than the cap, when nothing else is in flight).
-            if self.on_tick:
+            if self.on_tick:  # the pool manager: joins, leaves, starvation
                 self.on_tick(time.monotonic())
-            cap = self.max_batches or 2 * sum(self.dispatcher.slots(s) for s in STAGE_ORDER)
-            while unit is not None and (admitted == 0 or admitted + len(unit.batch_ids) <= cap):
-                for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
-                    if batch_id in skip:
-                        continue
-                    # a batch enters the first stage's queue when its read finished, so
-                    # the dispatcher times replica calls, not reads
-                    flight = _Flight(batch_id, ref)
-                    pending[ref] = (flight, READ, None)
-                    live[batch_id] = flight
-                    admitted += 1
-                unit = next(todo, None)
-            if unit is None:  # every batch admitted: the dispatcher may plan the drain
-                self.dispatcher.set_outlook(True, _remaining(live.values()))
-            self._dispatch(queues, pending, time.monotonic())
-            wake = self.wake() if self.wake else []
-            if not pending:
-                if not any(queues.values()):
-                    break
-                # batches wait for a replica of their stage: one still loading its model
-                # (wake), or every one left with its node; the pool manager (on_tick)
-                # joins them, starts new ones, or fails the run in time
-                if wake:
-                    ray.wait(wake, num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False)
-                else:
-                    time.sleep(WAIT_TIMEOUT_S)
-                continue
-            ready, _ = ray.wait(
-                [*pending, *wake], num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
-            )
-            if ready:  # collect everything else that finished meanwhile, without blocking
-                ready, _ = ray.wait(
-                    list(pending), num_returns=len(pending), timeout=0, fetch_local=False
-                )
+            self._admit(st)
+            self._dispatch(st.queues, st.pending, time.monotonic())
+            ready = self._wait(st)
+            if ready is None:
+                break
             now = time.monotonic()  # one timestamp per poll: see Dispatcher.release
-            for stats in self._settle(ready, pending, queues, now):
-                live.pop(stats.batch_id, None)
-                admitted -= 1
+            for stats in self._settle(ready, st.pending, st.queues, now):
+                st.live.pop(stats.batch_id, None)
+                st.admitted -= 1
                 done.append(stats)
                 on_batch(stats)
         replicas, held = self.dispatcher.stats(), dict(self.held_s)
@@ -179,6 +176,52 @@ class Executor:
             extra={"replicas": replicas, "held_s": held},
         )
         return done
+
+    def _admit(self, st: _Loop) -> None:
+        """Start the reads of the next units while their batches fit under the cap (or,
+        a unit bigger than the cap, when nothing else is in flight)."""
+        cap = self.max_batches or 2 * sum(self.dispatcher.slots(s) for s in self.stages)
+        while st.unit is not None and (
+            st.admitted == 0 or st.admitted + len(st.unit.batch_ids) <= cap
+        ):
+            unit = st.unit
+            for batch_id, ref in zip(unit.batch_ids, self._launch_read(unit), strict=True):
+                if batch_id in st.skip:
+                    continue
+                # a batch enters the first stage's queue when its read finished, so the
+                # dispatcher times replica calls, not reads
+                flight = _Flight(batch_id, ref)
+                st.pending[ref] = (flight, READ, None)
+                st.live[batch_id] = flight
+                st.admitted += 1
+            st.unit = next(st.todo, None)
+        if st.unit is None:  # every batch admitted: the dispatcher may plan the drain
+            self.dispatcher.set_outlook(True, _remaining(self.stages, st.live.values()))
+
+    def _wait(self, st: _Loop) -> list[ray.ObjectRef] | None:
+        """The calls that finished (maybe none, after WAIT_TIMEOUT_S); None when every
+        batch is written."""
+        wake = self.wake() if self.wake else []
+        if not st.pending:
+            if not any(st.queues.values()):
+                return None
+            # batches wait for a replica of their stage: one still loading its model
+            # (wake), or every one left with its node; the pool manager (on_tick) joins
+            # them, starts new ones, or fails the run in time
+            if wake:
+                ray.wait(wake, num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False)
+            else:
+                time.sleep(WAIT_TIMEOUT_S)
+            return []
+        pending = st.pending
+        ready, _ = ray.wait(
+            [*pending, *wake], num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
+        )
+        if ready:  # collect everything else that finished meanwhile, without blocking
+            ready, _ = ray.wait(
+                list(pending), num_returns=len(pending), timeout=0, fetch_local=False
+            )
+        return ready
 
     def _settle(
         self, ready: list[ray.ObjectRef], pending: dict, queues: dict, now: float
@@ -192,7 +235,7 @@ class Executor:
                 if self.metrics:
                     self.metrics.call_done(stage, replica.pool, self._spilled(replica))
             if stage != WRITE:
-                queues[_next(stage)].append((flight, ref, now))
+                queues[self.after[stage]].append((flight, ref, now))
                 continue
             stats = self._finish(flight, ref, queues)
             if stats is not None:
@@ -202,12 +245,12 @@ class Executor:
                         flight.pools, stats.sentences, stats.documents, stats.errors
                     )
         if self.metrics:
-            for s in STAGE_ORDER:
+            for s in self.stages:
                 self.metrics.held(s, len(queues[s]))
         return written
 
     def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
-        for stage in STAGE_ORDER:
+        for stage in self.stages:
             q = queues[stage]
             if stage not in self.opened and self.dispatcher.pools[stage]:
                 self.opened[stage] = now  # its replicas joined (models loaded)
@@ -227,9 +270,7 @@ class Executor:
         q = queues[WRITE]
         while q:
             flight, ref, _ = q.popleft()
-            out = _write_task.options(**task_options(self.io_cpus)).remote(
-                self.sink.fs, self.sink.root, ref, self.sink.labels, self.sink.embeddings
-            )
+            out = _write_task.options(**task_options(self.io_cpus)).remote(self.sink.ref, ref)
             pending[out] = (flight, WRITE, None)
 
     def _finish(self, flight: _Flight, ref: ray.ObjectRef, queues: dict) -> BatchStats | None:
@@ -245,7 +286,7 @@ class Executor:
             flight.pools.clear()  # it passes every stage again
             if self.metrics:
                 self.metrics.retried()
-            queues[STAGE_ORDER[0]].append((flight, flight.read_ref, time.monotonic()))
+            queues[self.stages[0]].append((flight, flight.read_ref, time.monotonic()))
             return None
 
     def _spilled(self, replica: Replica) -> bool:
@@ -255,14 +296,7 @@ class Executor:
         )
 
 
-def _remaining(flights: Iterable[_Flight]) -> dict[str, int]:
+def _remaining(stages: list[str], flights: Iterable[_Flight]) -> dict[str, int]:
     """Per stage, the admitted batches not yet submitted to it (the dispatcher's outlook
     once the input is exhausted: pipeline/dispatch.py, rule 4)."""
-    return {s: sum(s not in f.pools for f in flights) for s in STAGE_ORDER}
-
-
-def _next(stage: str) -> str:
-    if stage == READ:
-        return STAGE_ORDER[0]
-    i = STAGE_ORDER.index(stage)
-    return STAGE_ORDER[i + 1] if i + 1 < len(STAGE_ORDER) else WRITE
+    return {s: sum(s not in f.pools for f in flights) for s in stages}

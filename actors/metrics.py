@@ -10,6 +10,7 @@ and replica. Recording is a few dictionary updates per batch: nothing here waits
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from typing import Any
 
@@ -109,7 +110,7 @@ def report_gpu_memory(stage: str, replica: str) -> None:
             used = int(torch.cuda.max_memory_allocated())
     except ImportError:
         pass
-    if stage == "classify":
+    if "tensorflow" in sys.modules:  # a stage that runs Keras on the card
         try:
             import tensorflow as tf
 

@@ -40,7 +40,7 @@ import ray
 
 from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import actor_options
-from docintel.actors.stages import ACTOR_CLASSES
+from docintel.actors.stages import StageActor
 from docintel.pipeline.config import AUTO, Config
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import DocintelError, RunFailed
@@ -54,6 +54,7 @@ from docintel.pipeline.layout import (
     stage_layout,
 )
 
+_ACTOR = ray.remote(StageActor)  # one actor class for every stage
 WATCH_S = 2.0  # how often the driver looks at the cluster's nodes (one GCS call)
 
 log = logging.getLogger(__name__)
@@ -225,14 +226,14 @@ class PoolManager:
                     self._spawn(template)
 
     def _auto(self, stage: str, kind: str) -> bool:
-        cfg = getattr(self.cfg.resources, stage)
+        cfg = self.cfg.resources.pool(stage)
         return (cfg.gpu_replicas if kind == GPU_POOL else cfg.replicas) == AUTO
 
     def _demand(self) -> None:
         """Pending replicas up to a pool's max above what the cluster holds now: Ray's
         autoscaler sees them as resource demand and adds nodes; they join when placed."""
         for stage, pools in self.layout.items():
-            cfg = getattr(self.cfg.resources, stage)
+            cfg = self.cfg.resources.pool(stage)
             for pool in pools:
                 cap = cfg.max_gpu_replicas if pool.kind == GPU_POOL else cfg.max_replicas
                 if not self._auto(stage, pool.kind) or cap <= pool.replicas:
@@ -303,12 +304,8 @@ class PoolManager:
         index = self._next[(pool.stage, pool.kind)]
         self._next[(pool.stage, pool.kind)] += 1
         rep = Replica(pool.stage, index, pool.kind, pool.max_in_flight)
-        cls = ray.remote(ACTOR_CLASSES[pool.stage])
-        faults = self.cfg.faults
-        delay = faults.gpu_delay_s if pool.kind == GPU_POOL else 0.0
-        load_delay = faults.load_delay_s if faults.load_delay_stage == pool.stage else 0.0
         opts = actor_options(pool, actor_name(self.run_id, rep.key))
-        handle = cls.options(**opts).remote(build_stage(self.cfg, pool), delay, rep.key, load_delay)
+        handle = _ACTOR.options(**opts).remote(build_stage(self.cfg, pool), rep.key)
         self.actors[rep.key] = handle
         member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic(), initial)
         self.members.append(member)

@@ -10,19 +10,19 @@ starts, the stage pools load their models, batches stream through the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import ray
 
 from docintel.actors import cluster
 from docintel.actors.executor import Executor, Sink
 from docintel.actors.resources import task_options
-from docintel.pipeline import compact
 from docintel.pipeline.config import Config
 from docintel.pipeline.layout import Pool, stage_layout
 from docintel.pipeline.output import RunOutput, RunSummary
 from docintel.pipeline.plan import Plan, ensure_derived, prepare
-from docintel.pipeline.sink import BatchStats
+from docintel.pipeline.sink import BatchStats, TaskMap
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
@@ -69,11 +69,14 @@ def _process(
     """Start Ray and the stage pools, stream every uncommitted batch, stop them; returns
     each model stage's version as its replicas reported it."""
     # through the module, so a test can stand in a Ray of its own for ray_session
-    with cluster.ray_session(cfg):
-        # sized to the cluster as it is now; the artefacts that layout runs exist (built
-        # on first need; a no-op when prepare() already built them for the same layout)
-        layout = stage_layout(cfg, cluster.current_shape())
-        ensure_derived(cfg, layout=layout)
+    with cluster.ray_session(cfg, p.shape):
+        # the embedded Ray: the layout prepare() sized to the shape it was started with;
+        # a cluster joined by address (or a Ray already running in this process): sized
+        # to the cluster as it is now, and the artefacts that layout runs built if missing
+        layout = p.layout
+        if layout is None or cluster.current_shape().gpus != (p.shape and p.shape.gpus):
+            layout = stage_layout(cfg, cluster.current_shape())
+            ensure_derived(cfg, layout=layout)
         return _stream(cfg, p, output, summary, t0, layout, on_start, on_batch)
 
 
@@ -97,7 +100,7 @@ def _stream(
             cfg.input.id_column,
             cfg.input.text_column,
             cfg.run.batch_size,
-            Sink(output.fs, output.root, p.labels, cfg.run.embeddings),
+            Sink.of(output.sink),
             cfg.resources.io_cpus,
             cfg.run.max_batches_in_flight,
             on_tick=pools.poll,
@@ -124,37 +127,37 @@ def _stream(
         return {s: i["version"] for s, i in pools.info.items()}
 
 
-_merge_task = ray.remote(compact.merge_group)
+def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
+    """One item of a sink's task map (``fn`` arrives resolved from its object ref)."""
+    return fn(item)
+
+
+_sink_task = ray.remote(_apply)
 
 
 def _compact(cfg: Config, output: RunOutput) -> None:
-    """Merge small batch parts (pipeline/compact.py) on the cluster's I/O tasks, a few
-    groups at a time, under the output's lease."""
-    t0 = time.perf_counter()
-    groups = compact.plan_groups(output.fs, output.root, int(cfg.run.part_target_mb * 2**20))
+    """Let the sink finish the output (merge small parts: pipeline/sink.py) on the
+    cluster's I/O tasks, a few at a time, under the output's lease."""
+    output.finish(_task_map(cfg, output))
+
+
+def _task_map(cfg: Config, output: RunOutput) -> TaskMap:
+    """The sink's work as Ray I/O tasks: a window sized to the CPUs, the lease checked
+    before each submission, the function put in the object store once."""
     window = max(1, int(ray.available_resources().get("CPU", 1) / cfg.resources.io_cpus))
-    # a merge is idempotent: retried on any error (an S3 hiccup), not only a lost worker
+    # the sink's work is idempotent: retried on any error (an S3 hiccup), not only a lost
+    # worker
     opts = {**task_options(cfg.resources.io_cpus), "retry_exceptions": True}
-    pending: list[ray.ObjectRef] = []
-    removed = 0
 
-    def settle(refs: list[ray.ObjectRef]) -> None:
-        nonlocal removed
-        for n, stats in ray.get(refs):
-            removed += n
-            # resumed batches' stats now live in the merged footers only
-            output.merged.update((s.batch_id, s) for s in stats)
+    def run(fn: Callable[[Any], Any], items: Sequence[Any], /) -> Iterator[Any]:
+        fn_ref = ray.put(fn)
+        pending: list[ray.ObjectRef] = []
+        for item in items:
+            output.lease.check()
+            if len(pending) >= window:
+                done, pending = ray.wait(pending, num_returns=1)
+                yield from ray.get(done)
+            pending.append(_sink_task.options(**opts).remote(fn_ref, item))
+        yield from ray.get(pending)
 
-    for group in groups:
-        output.lease.check()
-        if len(pending) >= window:
-            done, pending = ray.wait(pending, num_returns=1)
-            settle(done)
-        pending.append(_merge_task.options(**opts).remote(output.fs, output.root, group))
-    settle(pending)
-    output.compaction = {
-        "merged_groups": len(groups),
-        "merged_batches": sum(len(g.batch_ids) for g in groups),
-        "parts_removed": removed,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+    return run

@@ -10,7 +10,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from docintel.pipeline.errors import ConfigError
 
@@ -87,6 +94,9 @@ IO_TASK_CPUS = 0.25  # Parquet read/decode and write tasks
 SENTENCIZE_GPU = 0.25
 EMBED_GPU = 0.5
 CLASSIFY_GPU = 0.25
+# A user-defined stage that asks for GPU replicas ([resources.<name>] gpu_fraction) without
+# a fraction of its own: the light built-in stages' share.
+USER_STAGE_GPU = SENTENCIZE_GPU
 # A GPU replica mostly waits on its device; a quarter CPU covers its Python and transfers.
 GPU_REPLICA_CPUS = 0.25
 AUTO = "auto"  # replica counts sized to the cluster when the run starts
@@ -129,6 +139,11 @@ DEFAULT_REPORT_TOP_N = 25  # sentences in the report's highest-risk table
 DEFAULT_TREND_RUNS = 14  # previous audits in the report's trend chart (two weeks nightly)
 
 
+# Tables keyed by stage name, where a user-defined stage adds its own: [resources.<name>]
+# and [stages.<name>] (a dotted override may create them).
+OPEN_TABLES = ("resources", "stages")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -146,7 +161,7 @@ class RunConfig(_Strict):
     embeddings: bool = True
     # Parts of consecutive small batches are merged at the end of a run into files of
     # about this many MiB (all three tables' parts of a batch count); 0 = one file per
-    # batch and table. See pipeline/compact.py for the protocol and its trade-off.
+    # batch and table. See pipeline/sink.py (ParquetPartsSink) for the protocol and its trade-off.
     part_target_mb: float = Field(DEFAULT_PART_TARGET_MB, ge=0)
     # "" = start an embedded local Ray in this process; "auto" or "ray://…" = connect.
     ray_address: str = ""
@@ -282,11 +297,59 @@ class ClassifyPool(PoolConfig):
     gpu_fraction: float = Field(CLASSIFY_GPU, gt=0, le=1)
 
 
-class ResourcesConfig(_Strict):
+class StagePool(PoolConfig):
+    """The pool of a user-defined stage (``[resources.<name>]``). Without the table: CPU
+    replicas sized like the light built-in stages. A table that gives ``gpu_fraction``
+    (and no ``gpu_replicas``) asks for GPU replicas too, sized as the built-in ones."""
+
+    cpus: float = Field(SENTENCIZE_CPUS, gt=0)
+    gpu_fraction: float = Field(USER_STAGE_GPU, gt=0, le=1)
+    gpu_replicas: int | Literal["auto"] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_when_asked(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu_fraction" in data and "gpu_replicas" not in data:
+            return {**data, "gpu_replicas": AUTO}
+        return data
+
+
+class ResourcesConfig(BaseModel):
+    """Per stage, its pools (``[resources.<stage>]``); ``io_cpus`` for read/write tasks.
+
+    The built-in stages' tables are typed fields; any other ``[resources.<name>]`` table
+    is the pool of a user-defined stage (:class:`StagePool`), checked against the
+    pipeline's stages before any work (pipeline/registry.py)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, StagePool] = Field(init=False)
+
     sentencize: SentencizePool = SentencizePool()
     embed: EmbedPool = EmbedPool()
     classify: ClassifyPool = ClassifyPool()
     io_cpus: float = Field(IO_TASK_CPUS, gt=0)
+
+    def pool(self, stage: str) -> PoolConfig:
+        """The pool settings of ``stage``: its table, or a user stage's defaults."""
+        if stage in type(self).model_fields and stage != "io_cpus":
+            value = getattr(self, stage)
+            assert isinstance(value, PoolConfig)
+            return value
+        return (self.__pydantic_extra__ or {}).get(stage) or StagePool()
+
+    def extra_pools(self) -> list[str]:
+        """Names of the ``[resources.<name>]`` tables that are not built-in stages."""
+        return list(self.__pydantic_extra__ or {})
+
+
+class PipelineConfig(_Strict):
+    """The chain of stages. Empty: the built-in chain (sentencize, embed, classify).
+    Otherwise every stage in order: a built-in stage's name, a user stage as a
+    ``module:Class`` path, or the name of an entry point in the group ``docintel.stages``.
+    The built-in stages must all be there, in their order; user stages go anywhere the
+    columns they need exist (checked before any work)."""
+
+    stages: tuple[str, ...] = ()
 
 
 class StorageConfig(_Strict):
@@ -315,8 +378,9 @@ class FaultsConfig(_Strict):
     """Test-only fault injection, so tests exercise real failure paths end to end. Empty
     by default; never set it in production configs."""
 
-    # A stage raises for these document ids (their sentences, after sentencize).
-    poison_stage: Literal["", "sentencize", "embed", "classify"] = ""
+    # A stage raises for these document ids (their sentences, after sentencize). Stage
+    # names are checked against the pipeline's stages before any work.
+    poison_stage: str = ""
     poison_doc_ids: tuple[str, ...] = ()
     # Seconds every call to a GPU replica sleeps first, to saturate GPU pools on purpose.
     gpu_delay_s: float = Field(0.0, ge=0)
@@ -327,7 +391,7 @@ class FaultsConfig(_Strict):
     gpu_model_s_per_sentence: float = Field(0.0, ge=0)
     # Seconds the replicas of this stage sleep before loading their model (a slow model
     # load, to test that the run starts without waiting for every replica).
-    load_delay_stage: Literal["", "sentencize", "embed", "classify"] = ""
+    load_delay_stage: str = ""
     load_delay_s: float = Field(0.0, ge=0)
 
 
@@ -352,6 +416,7 @@ class AuditConfig(_Strict):
 class Config(_Strict):
     input: InputConfig = InputConfig()
     run: RunConfig = RunConfig()
+    pipeline: PipelineConfig = PipelineConfig()
     sentencize: SentencizeConfig = SentencizeConfig()
     embed: EmbedConfig = EmbedConfig()
     classify: ClassifyConfig = ClassifyConfig()
@@ -360,6 +425,9 @@ class Config(_Strict):
     job: JobConfig = JobConfig()
     audit: AuditConfig = AuditConfig()
     faults: FaultsConfig = FaultsConfig()
+    # Settings of user-defined stages: ``[stages.<name>]`` tables, passed to the stage's
+    # constructor as keyword arguments (checked against the pipeline's stages).
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("input")
     @classmethod
@@ -376,13 +444,16 @@ class Config(_Strict):
                 continue
             node = data
             *parents, leaf = dotted.split(".")
-            for key in parents:
+            for depth, key in enumerate(parents):
+                if depth == 1 and parents[0] in OPEN_TABLES and isinstance(node, dict):
+                    node.setdefault(key, {})  # a user stage's table, checked by its model
                 if not isinstance(node, dict) or key not in node:
                     raise ConfigError(f"unknown config key {dotted!r}")
                 node = node[key]
-            if not isinstance(node, dict) or leaf not in node:
+            open_table = len(parents) == 2 and parents[0] in OPEN_TABLES
+            if not isinstance(node, dict) or (leaf not in node and not open_table):
                 raise ConfigError(f"unknown config key {dotted!r}")
-            node[leaf] = value
+            node[leaf] = value  # in an open table, an unknown key fails its validation
         return _validate(data, source="command-line options")
 
 

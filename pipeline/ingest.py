@@ -317,6 +317,26 @@ def _nothing_ingested(folder: Path, patterns: list[str], skipped: list[Skipped])
     )
 
 
+def _write_failed(tmp: Path, output: Path, e: OSError) -> RunFailed:
+    """Why writing the temporary file failed, and that ``output`` was left as it was."""
+    return RunFailed(
+        f"writing {tmp} (the temporary file for {output}) failed: "
+        f"{e.strerror or e}; {output} was left as it was. Free space or fix the "
+        "folder's permissions, then rerun"
+    )
+
+
+def _publish(tmp: Path, output: Path) -> None:
+    """Rename the complete temporary file to ``output`` (atomic: they share a folder)."""
+    try:
+        tmp.replace(output)
+    except OSError as e:
+        raise OutputError(
+            f"cannot rename {tmp} to {output}: {e.strerror}; {output} must be a file "
+            "path in a folder you can write to"
+        ) from e
+
+
 def ingest_folder(
     folder: Path,
     output: Path,
@@ -364,21 +384,11 @@ def ingest_folder(
                 fd, todo, result, skipped, on_file, max_file_bytes, row_group_docs, row_group_bytes
             )
         except OSError as e:  # reading errors are skipped files: this is the output side
-            raise RunFailed(
-                f"writing {tmp} (the temporary file for {output}) failed: "
-                f"{e.strerror or e}; {output} was left as it was. Free space or fix the "
-                "folder's permissions, then rerun"
-            ) from e
+            raise _write_failed(tmp, output, e) from e
         result.skipped = sorted(skipped, key=lambda s: s.doc_id)
         if result.documents == 0:
             raise _nothing_ingested(folder, patterns, result.skipped)
-        try:
-            tmp.replace(output)
-        except OSError as e:
-            raise OutputError(
-                f"cannot rename {tmp} to {output}: {e.strerror}; {output} must be a file "
-                "path in a folder you can write to"
-            ) from e
+        _publish(tmp, output)
         done = True
     finally:
         if not done:

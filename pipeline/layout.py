@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
+from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, EMBED_REPLICAS_PER_LIGHT_REPLICA, Config, PoolConfig
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.schema import STAGES
 from docintel.pipeline.stages import Stage
-from docintel.pipeline.stages.base import Placement
-from docintel.pipeline.stages.classify import Classifier, Int8Classifier, OnnxClassifier
-from docintel.pipeline.stages.embed import Embedder
-from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
-from docintel.pipeline.stages.faults import MODELLED_STAGES, ModelledStage, PoisonedStage
-from docintel.pipeline.stages.sentencize import Sentencizer
+from docintel.pipeline.stages.faults import wrap
 
 PoolKind = Literal["gpu", "cpu"]
 GPU_POOL: PoolKind = "gpu"
@@ -39,13 +35,6 @@ CPU_POOL: PoolKind = "cpu"
 # What a pool's replicas compute in. GPU replicas run half precision on CUDA (fp16/bf16 by
 # the card; fp32 as gpu-sim without CUDA); CPU replicas run fp32 or the int8 artefacts.
 Precision = Literal["half", "fp32", "int8"]
-
-# Stages whose CPU replicas have an int8 model (`docintel quantize` builds both); the
-# rule-based sentencizer has no weights to quantize.
-INT8_STAGES = ("embed", "classify")
-# A small MLP gains nothing from intra-op parallelism; one thread (TF, or ORT for the
-# int8 copy) leaves cores to the encoder running beside it.
-CLASSIFY_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -139,53 +128,73 @@ def _gpu_replicas(pool: PoolConfig, shape: ClusterShape) -> int:
 
 
 def _cpu_replicas(
-    cfg: Config, shape: ClusterShape, gpu: dict[str, int], wanted: dict[str, bool]
+    cfg: Config,
+    shape: ClusterShape,
+    specs: list[registry.StageSpec],
+    gpu: dict[str, int],
+    wanted: dict[str, bool],
 ) -> dict[str, int]:
     """CPU replicas per stage: fixed counts as given; "auto" ones from the CPUs that the
-    GPU replicas, the fixed pools and the I/O tasks leave, in rounds of one embed replica
-    (plus one sentencize and one classify replica every EMBED_REPLICAS_PER_LIGHT_REPLICA
-    rounds), each round placed whole on the nodes, until one does not fit or every max is
-    reached. A stage whose CPU pool is its only pool gets at least one replica."""
-    pools = {s: getattr(cfg.resources, s) for s in STAGES}
+    GPU replicas, the fixed pools and the I/O tasks leave, in rounds of one replica of each
+    heavy stage (the encoder; plus one of each light stage every
+    EMBED_REPLICAS_PER_LIGHT_REPLICA rounds), each round placed whole on the nodes, until
+    one does not fit or every max is reached. A stage whose CPU pool is its only pool gets
+    at least one replica."""
+    names = [s.name for s in specs]
+    heavy = {s.name for s in specs if s.heavy}
+    pools = {s: cfg.resources.pool(s) for s in names}
     packer = _Packer(shape, cfg.resources.io_cpus)
-    for s in STAGES:  # GPU replicas first: they must sit on GPU nodes
+    for s in names:  # GPU replicas first: they must sit on GPU nodes
         for _ in range(gpu[s]):
             packer.place(pools[s].gpu_cpus, pools[s].gpu_fraction)
-    counts = dict.fromkeys(STAGES, 0)
-    auto = [s for s in STAGES if wanted[s] and pools[s].replicas == AUTO]
-    for s in STAGES:
+    counts = dict.fromkeys(names, 0)
+    auto = [s for s in names if wanted[s] and pools[s].replicas == AUTO]
+    for s in names:
         if wanted[s] and s not in auto:
             counts[s] = int(pools[s].replicas)
             for _ in range(counts[s]):
                 packer.place(pools[s].cpus, 0.0)
-
-    def room(s: str) -> bool:
-        return not pools[s].max_replicas or counts[s] < pools[s].max_replicas
-
-    rounds = 0
-    while auto:
-        light = rounds % EMBED_REPLICAS_PER_LIGHT_REPLICA == 0
-        step = [s for s in auto if (s == "embed" or light or "embed" not in auto) and room(s)]
-        if not step or ("embed" in auto and "embed" not in step):
-            break
-        trial = packer.copy()
-        if not all(trial.place(pools[s].cpus, 0.0) for s in step):
-            break
-        packer = trial
-        for s in step:
-            counts[s] += 1
-        rounds += 1
-        if "embed" not in auto:
-            break  # no auto encoder pool to follow: the light pools get one replica each
+    _grow_auto(packer, pools, auto, heavy, counts)
     for s in auto:
         counts[s] = max(counts[s], pools[s].min_replicas, 0 if gpu[s] else 1)
     return counts
 
 
-def _cpu_precision(cfg: Config, stage: str, has_gpu_pool: bool) -> Precision:
-    """``[embed] cpu_precision`` for both model stages: int8/fp32 force it; auto picks int8
-    where the CPU replicas are a spill pool (spill auto and the stage has GPU replicas)."""
-    if stage not in INT8_STAGES:
+def _grow_auto(
+    packer: _Packer,
+    pools: dict[str, PoolConfig],
+    auto: list[str],
+    heavy: set[str],
+    counts: dict[str, int],
+) -> None:
+    """Add auto replicas round by round while a whole round fits (see _cpu_replicas)."""
+
+    def room(s: str) -> bool:
+        return not pools[s].max_replicas or counts[s] < pools[s].max_replicas
+
+    heavy_auto = [s for s in auto if s in heavy]
+    rounds = 0
+    while auto:
+        light = rounds % EMBED_REPLICAS_PER_LIGHT_REPLICA == 0
+        step = [s for s in auto if (s in heavy or light or not heavy_auto) and room(s)]
+        if not step or any(s not in step for s in heavy_auto):
+            break
+        trial = packer.copy()
+        if not all(trial.place(pools[s].cpus, 0.0) for s in step):
+            break
+        packer.cpus, packer.gpus = trial.cpus, trial.gpus
+        for s in step:
+            counts[s] += 1
+        rounds += 1
+        if not heavy_auto:
+            break  # no auto heavy pool to follow: the light pools get one replica each
+
+
+def _cpu_precision(cfg: Config, spec: registry.StageSpec, has_gpu_pool: bool) -> Precision:
+    """``[embed] cpu_precision`` for every stage with an int8 backend: int8/fp32 force it;
+    auto picks int8 where the CPU replicas are a spill pool (spill auto and the stage has
+    GPU replicas)."""
+    if not spec.int8:
         return "fp32"
     chosen = cfg.embed.cpu_precision
     if chosen != "auto":
@@ -211,12 +220,13 @@ def detect_gpus() -> int:
     return cards
 
 
-def check_declared_gpus(cfg: Config) -> None:
+def check_declared_gpus(cfg: Config, found: int | None = None) -> None:
     """``--gpus N`` on a machine with CUDA GPUs: at most as many as it has (logical GPUs
-    are for machines without any, where replicas run on the CPU as gpu-sim)."""
+    are for machines without any, where replicas run on the CPU as gpu-sim). ``found``:
+    the cards detect_gpus() found, when the caller already asked."""
     if cfg.run.ray_address or cfg.run.num_gpus == AUTO:
         return
-    found = detect_gpus()
+    found = detect_gpus() if found is None else found
     if found and int(cfg.run.num_gpus) > found:
         raise ConfigError(
             f"--gpus {cfg.run.num_gpus} asks for more GPUs than this machine has ({found}); "
@@ -224,48 +234,60 @@ def check_declared_gpus(cfg: Config) -> None:
         )
 
 
-def expected_shape(cfg: Config) -> ClusterShape | None:
+def expected_shape(cfg: Config, gpus: int | None = None) -> ClusterShape | None:
     """The embedded local Ray's shape before it starts; None for a cluster joined by
-    address (known only once connected)."""
+    address (known only once connected). ``gpus``: the cards detect_gpus() found, when the
+    caller already asked (it starts nvidia-smi)."""
     if cfg.run.ray_address:
         return None
     cpus = cfg.run.num_cpus or os.cpu_count() or 1
-    gpus = detect_gpus() if cfg.run.num_gpus == AUTO else int(cfg.run.num_gpus)
-    return ClusterShape.of(cpus, gpus)
+    if cfg.run.num_gpus != AUTO:
+        return ClusterShape.of(cpus, int(cfg.run.num_gpus))
+    return ClusterShape.of(cpus, detect_gpus() if gpus is None else gpus)
 
 
-def stage_layout(cfg: Config, shape: ClusterShape | None = None) -> dict[str, list[Pool]]:
-    """Per stage, the pools the spill mode starts, sized to ``shape`` (default: the
-    embedded Ray's expected shape): GPU first (dispatch order), then CPU."""
+def stage_layout(
+    cfg: Config,
+    shape: ClusterShape | None = None,
+    specs: list[registry.StageSpec] | None = None,
+) -> dict[str, list[Pool]]:
+    """Per stage of the chain (in order), the pools the spill mode starts, sized to
+    ``shape`` (default: the embedded Ray's expected shape): GPU first (dispatch order),
+    then CPU."""
     shape = shape or expected_shape(cfg) or ClusterShape.of(os.cpu_count() or 1)
+    specs = specs if specs is not None else registry.chain(cfg)
     spill = cfg.run.spill
-    pools = {s: getattr(cfg.resources, s) for s in STAGES}
-    gpu = {s: 0 if spill == "cpu-only" else _gpu_replicas(pools[s], shape) for s in STAGES}
+    pools = {s.name: cfg.resources.pool(s.name) for s in specs}
+    gpu = {n: 0 if spill == "cpu-only" else _gpu_replicas(p, shape) for n, p in pools.items()}
     wanted_cpu = {
-        s: spill in ("auto", "cpu-only") or (spill == "off" and not gpu[s]) for s in STAGES
+        n: spill in ("auto", "cpu-only") or (spill == "off" and not gpu[n]) for n in pools
     }
-    cpu = _cpu_replicas(cfg, shape, gpu, wanted_cpu)
+    cpu = _cpu_replicas(cfg, shape, specs, gpu, wanted_cpu)
     layout = {}
-    for s in STAGES:
-        p = pools[s]
+    for spec in specs:
+        s, p = spec.name, pools[spec.name]
         g = Pool(s, GPU_POOL, gpu[s], p.gpu_cpus, p.gpu_fraction, p.max_in_flight, "half")
         c = Pool(
             s, CPU_POOL, cpu[s] if wanted_cpu[s] else 0, p.cpus, 0.0, p.max_in_flight,
-            _cpu_precision(cfg, s, gpu[s] > 0),
+            _cpu_precision(cfg, spec, gpu[s] > 0),
         )  # fmt: skip
         chosen = [x for x in (g, c) if x.replicas > 0]
         if not chosen:
-            what = {"gpu-only": "GPU replicas", "cpu-only": "CPU replicas"}.get(spill, "replicas")
-            key = "gpu_replicas" if spill == "gpu-only" else "replicas"
-            hint = ""
-            if spill == "gpu-only" and not shape.gpus:
-                hint = " (the cluster has no GPU; --gpus N declares N logical ones)"
-            raise ConfigError(
-                f"stage {s!r} has no {what} under spill mode {spill!r}{hint}: set "
-                f"[resources.{s}] {key} to at least 1, or choose another --spill mode"
-            )
+            raise _no_pool(s, spill, shape)
         layout[s] = chosen
     return layout
+
+
+def _no_pool(stage: str, spill: str, shape: ClusterShape) -> ConfigError:
+    what = {"gpu-only": "GPU replicas", "cpu-only": "CPU replicas"}.get(spill, "replicas")
+    key = "gpu_replicas" if spill == "gpu-only" else "replicas"
+    hint = ""
+    if spill == "gpu-only" and not shape.gpus:
+        hint = " (the cluster has no GPU; --gpus N declares N logical ones)"
+    return ConfigError(
+        f"stage {stage!r} has no {what} under spill mode {spill!r}{hint}: set "
+        f"[resources.{stage}] {key} to at least 1, or choose another --spill mode"
+    )
 
 
 def unplaceable(cfg: Config, layout: dict[str, list[Pool]], shape: ClusterShape) -> str | None:
@@ -289,19 +311,14 @@ def unplaceable(cfg: Config, layout: dict[str, list[Pool]], shape: ClusterShape)
     return None
 
 
-def _onnx_fp32(cfg: Config, pool: Pool) -> bool:
-    """Whether ``pool`` runs its model's fp32 ONNX copy (CPU fp32 pools of embed and
-    classify, unless [embed] / [classify] cpu_runtime says the framework itself)."""
-    if pool.kind != CPU_POOL or pool.precision != "fp32":
-        return False
-    if pool.stage == "embed":
-        return cfg.embed.cpu_runtime == "onnx"
-    return pool.stage == "classify" and cfg.classify.cpu_runtime == "onnx"
-
-
-def onnx_fp32_stages(cfg: Config, layout: dict[str, list[Pool]]) -> list[str]:
-    """Stages with a pool that runs an fp32 ONNX copy (built before the run if missing)."""
-    return [s for s, pools in layout.items() if any(_onnx_fp32(cfg, p) for p in pools)]
+def artefacts(cfg: Config, layout: dict[str, list[Pool]]) -> list[registry.Artefact]:
+    """Every derived model the replicas of ``layout`` load (each once)."""
+    out: dict[Path, registry.Artefact] = {}
+    for spec in registry.chain(cfg):
+        for pool in layout.get(spec.name, []):
+            for a in spec.backend_for(cfg, pool).artefacts(cfg):
+                out.setdefault(a.path, replace(a, stage=spec.name))
+    return list(out.values())
 
 
 def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
@@ -311,34 +328,7 @@ def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
 
 def build_stage(cfg: Config, pool: Pool) -> Stage:
     """The stage object one replica of ``pool`` holds (config only: the model loads in the
-    replica's ``setup()``). GPU replicas cap their framework at the pool's fraction."""
-    stage: Stage
-    placement = Placement(pool.kind, pool.gpu_fraction)
-    int8 = pool.precision == "int8"
-    if pool.stage == "sentencize":
-        stage = Sentencizer(cfg.sentencize, placement)
-    elif pool.stage == "embed" and int8:
-        stage = Int8Embedder(cfg.embed, cfg.embed.resolved_int8_dir(), replicas=pool.replicas)
-    elif pool.stage == "embed" and _onnx_fp32(cfg, pool):
-        stage = OnnxEmbedder(cfg.embed, cfg.embed.resolved_int8_dir(), replicas=pool.replicas)
-    elif pool.stage == "embed":
-        stage = Embedder(cfg.embed, replicas=pool.replicas, placement=placement)
-    elif pool.stage == "classify" and int8:
-        stage = Int8Classifier(cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS)
-    elif pool.stage == "classify" and _onnx_fp32(cfg, pool):
-        stage = OnnxClassifier(cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS)
-    elif pool.stage == "classify":
-        stage = Classifier(cfg.classify, threads=CLASSIFY_THREADS, placement=placement)
-    else:
-        raise KeyError(pool.stage)
-    modelled_s = cfg.faults.gpu_model_s_per_sentence  # benchmarks: no model, a modelled time
-    if modelled_s > 0 and pool.kind == GPU_POOL and pool.stage in MODELLED_STAGES:
-        stage = ModelledStage(stage, modelled_s, cfg.embed, cfg.classify)
-    if cfg.faults.poison_stage == pool.stage and cfg.faults.poison_doc_ids:
-        stage = PoisonedStage(stage, cfg.faults.poison_doc_ids)
-    return stage
-
-
-def chain_stages(cfg: Config) -> list[Stage]:
-    """One stage object per stage, in order, for the driver's column-chain check."""
-    return [build_stage(cfg, stage_layout(cfg)[s][0]) for s in STAGES]
+    replica's ``setup()``), as its registry entry builds it for the pool's backend, with
+    the ``[faults]`` that apply to it (tests and benchmarks only)."""
+    spec = registry.spec(cfg, pool.stage)
+    return wrap(spec.build(cfg, pool), cfg, pool.kind, spec.placeholder)

@@ -1,52 +1,51 @@
-"""The output protocol of a run, shaped like a data sink: open → write batches → commit.
+"""The run-level output protocol: open → record written batches → finish → commit.
+
+Storage is the run's :class:`~docintel.pipeline.sink.RunSink` (names, files, commit points,
+crash recovery); this module decides what a run *is* on top of it:
 
 * :meth:`RunOutput.open` first takes the lease on OUTPUT (pipeline/lease.py: one writer
   per output; a second run on the same OUTPUT is refused with exit 2, naming the holder),
-  then decides, before any cluster work, whether OUTPUT starts a new run
-  (it writes ``_run.json`` first, marking the folder as this run's), resumes an unfinished
-  one (the batches whose ``documents`` part exists are committed and skipped), or already
-  holds the completed run (nothing to do).
-* Write tasks write each batch's parts (:func:`docintel.pipeline.sink.write_batch`);
-  :meth:`RunOutput.record` takes the small per-batch stats they return: the error budget,
-  time per stage and the backends that served the batch.
-* :meth:`RunOutput.commit` checks the counts against the plan, then writes
+  then decides, before any cluster work, from what the sink finds, whether OUTPUT starts a
+  new run (the sink records the run state first), resumes an unfinished one of the same
+  run id and input (the sink settles what a crash left and lists the committed batches,
+  which are skipped), or already holds the completed run (nothing to do).
+* Write tasks call ``RunSink.write`` on each batch; :meth:`RunOutput.record` takes the
+  small per-batch stats they return: the error budget, time per stage and the backends
+  that served the batch. :meth:`RunOutput.finish` lets the sink reorganise its files
+  (compaction) on tasks the runner provides.
+* :meth:`RunOutput.commit` checks the counts against the plan, then has the sink write
   ``_manifest.json`` last: a run without it is not committed.
 
 Nothing here grows with the corpus beyond one small record per batch: the final counts
 are the sum of the per-batch stats (this invocation's from the write tasks, an earlier
-invocation's from the footers of its documents parts), never a re-read of the tables; the
-manifest records how many batches were committed, not their ids (the documents/ listing
-is that record).
+invocation's read once by the sink when the run resumes), never a re-read of the tables;
+the manifest records how many batches were committed, not their ids (the tables' files
+are that record).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
-
-from docintel.pipeline import compact
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS
 from docintel.pipeline.errors import RunFailed, UsageError
 from docintel.pipeline.lease import Lease
 from docintel.pipeline.plan import Plan
 from docintel.pipeline.sink import (
-    TABLES,
+    RUN_STATE,
     BatchStats,
-    atomic_write,
-    read_batch_stats,
-    read_json,
-    read_manifest,
+    RunSink,
+    TaskMap,
     resolve_output,
-    write_manifest,
+    sink_for,
 )
 
-RUN_STATE = "_run.json"  # written first: marks the folder as holding (part of) this run
+# RUN_STATE is re-exported: the audit tells a partition that holds a run by it
+__all__ = ["RUN_STATE", "ErrorBudget", "RunOutput", "RunSummary"]
 
 
 @dataclass
@@ -107,19 +106,6 @@ class ErrorBudget:
         self._check(errors, documents, "in this run's output")
 
 
-def _committed(fs: pafs.FileSystem, root: str) -> set[str]:
-    """Batches with their own documents part (not merged ones: see compact.recover)."""
-    sel = pafs.FileSelector(f"{root}/documents", allow_not_found=True)
-    names = (info.base_name for info in fs.get_file_info(sel))
-    return {
-        n[len("part-") : -len(".parquet")]
-        for n in names
-        if n.startswith("part-")
-        and n.endswith(".parquet")
-        and not n.startswith(f"part-{compact.MERGED}")
-    }
-
-
 def _check_resumable(state: dict[str, Any], p: Plan, output_uri: str, run_id: str) -> None:
     if state["run_id"] != run_id:
         raise UsageError(
@@ -133,46 +119,31 @@ def _check_resumable(state: dict[str, Any], p: Plan, output_uri: str, run_id: st
         )
 
 
-def _check_fresh(fs: pafs.FileSystem, root: str, output_uri: str) -> None:
-    if fs.get_file_info(root).type == pafs.FileType.File:
-        raise UsageError(f"output {output_uri} is a file; give a folder or s3:// prefix")
-    existing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    if any(i.base_name in TABLES for i in existing):
-        raise UsageError(
-            f"output {output_uri} already holds docintel tables but no run "
-            "state; choose an empty output folder"
-        )
-
-
 class RunOutput:
-    """One run's output folder or prefix: open, record written batches, commit."""
+    """One run's output: open, record written batches, finish, commit (through its sink)."""
 
     def __init__(
         self,
         plan: Plan,
         output_uri: str,
-        fs: pafs.FileSystem,
-        root: str,
+        sink: RunSink,
         run_id: str,
-        committed: set[str],
         manifest: dict[str, Any] | None,
         lease: Lease,
     ) -> None:
-        self.plan, self.uri, self.fs, self.root = plan, output_uri, fs, root
+        self.plan, self.uri, self.sink = plan, output_uri, sink
         self.lease = lease
         self.run_id = run_id
-        self.resumed = committed  # batches an earlier invocation of this run committed
+        self.resumed: set[str] = set()  # batches an earlier invocation of this run committed
         self.manifest = manifest  # set when the run is already complete
         self.errors = ErrorBudget(plan.cfg.run.max_error_fraction)
         self.stage_seconds: Counter[str] = Counter()
         self.served: dict[str, Counter[str]] = {}
         self.totals: Counter[str] = Counter()  # documents, sentences, errors, tokens
         self.written = 0  # batches this invocation wrote
-        # batches an earlier invocation committed and merged: their stats, from the footers
-        # of the merged documents parts (compact.recover)
-        self.merged: dict[str, BatchStats] = {}
-        self.compaction: dict[str, Any] = {}  # what compaction did, for the manifest
+        self.compaction: dict[str, Any] = {}  # what the sink's finish did, for the manifest
         self.replicas: list[dict[str, Any]] = []  # every replica of this invocation
+        self.committed = False
 
     @classmethod
     def open(cls, p: Plan, output_uri: str, run_id: str) -> RunOutput:
@@ -185,36 +156,31 @@ class RunOutput:
         lease = Lease(fs, root, p.cfg.storage, what, run.lease_ttl_s, run.lease_wait_s)
         lease.acquire()
         try:
-            return cls._open(p, output_uri, run_id, fs, root, lease)
+            return cls._open(p, output_uri, run_id, sink_for(fs, root, p.cfg, p.labels), lease)
         except BaseException:
             lease.release()
             raise
 
     @classmethod
-    def _open(
-        cls, p: Plan, output_uri: str, run_id: str, fs: pafs.FileSystem, root: str, lease: Lease
-    ) -> RunOutput:
-        manifest = read_manifest(fs, root)
-        if manifest is not None:
-            if run_id and manifest["run_id"] != run_id:
+    def _open(cls, p: Plan, output_uri: str, run_id: str, sink: RunSink, lease: Lease) -> RunOutput:
+        found = sink.open()
+        if found.manifest is not None:
+            if run_id and found.manifest["run_id"] != run_id:
                 raise UsageError(
-                    f"{output_uri} already holds completed run {manifest['run_id']!r};"
+                    f"{output_uri} already holds completed run {found.manifest['run_id']!r};"
                     " choose an empty output folder for a new run"
                 )
-            return cls(p, output_uri, fs, root, manifest["run_id"], set(), manifest, lease)
-        state = read_json(fs, f"{root}/{RUN_STATE}")
-        if state is not None:
-            _check_resumable(state, p, output_uri, run_id)
-            merged = compact.recover(fs, root)  # first: it settles what a crash left
-            out = cls(p, output_uri, fs, root, run_id, _committed(fs, root), None, lease)
-            out.resumed |= merged.keys()
-            out.merged = merged
+            return cls(p, output_uri, sink, found.manifest["run_id"], found.manifest, lease)
+        if found.state is not None:
+            _check_resumable(found.state, p, output_uri, run_id)
+            out = cls(p, output_uri, sink, run_id, None, lease)
+            for stats in sink.resume().values():  # footers read once, here
+                out.resumed.add(stats.batch_id)
+                out._count(stats)
             return out
-        _check_fresh(fs, root, output_uri)
         run_id = run_id or f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-        state = {"run_id": run_id, "input": p.input_uri, "started": _now()}
-        atomic_write(fs, f"{root}/{RUN_STATE}", json.dumps(state).encode())
-        return cls(p, output_uri, fs, root, run_id, set(), None, lease)
+        sink.start({"run_id": run_id, "input": p.input_uri, "started": _now()})
+        return cls(p, output_uri, sink, run_id, None, lease)
 
     def close(self) -> None:
         """Release the output's lease (after commit, or when the run stops)."""
@@ -223,8 +189,12 @@ class RunOutput:
     def __enter__(self) -> RunOutput:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            if exc_type is not None and not self.committed:
+                self.sink.abort()  # still under the lease: nothing else writes here
+        finally:
+            self.close()
 
     @property
     def complete(self) -> bool:
@@ -264,12 +234,16 @@ class RunOutput:
         for stage, backend in stats.backends.items():
             self.served.setdefault(stage, Counter())[backend] += 1
 
-    def commit(self, summary: RunSummary, models: dict[str, str]) -> RunSummary:
-        """Check the counts against the plan, then write the manifest last."""
+    def finish(self, task_map: TaskMap) -> None:
+        """Every batch is written: let the sink reorganise its files (merge small parts)
+        on ``task_map``, which the runner provides (Ray tasks, the lease checked between
+        them)."""
         self.lease.check()
-        for batch_id in sorted(self.resumed):  # an earlier invocation's: footers only
-            merged = self.merged.get(batch_id)
-            self._count(merged or read_batch_stats(self.fs, self.root, batch_id))
+        self.compaction = self.sink.finish(task_map)
+
+    def commit(self, summary: RunSummary, models: dict[str, str]) -> RunSummary:
+        """Check the counts against the plan, then have the sink write the manifest last."""
+        self.lease.check()
         counts = self.totals
         if counts["documents"] != self.plan.n_documents:
             raise RunFailed(
@@ -285,7 +259,8 @@ class RunOutput:
         summary.backends = {s: dict(c) for s, c in self.served.items()}
         self.lease.renew()  # the manifest goes out under a claim that is fresh and ours
         self.lease.check()
-        write_manifest(self.fs, self.root, self._manifest(summary, models))
+        self.sink.commit(self._manifest(summary, models))
+        self.committed = True
         return summary
 
     def _manifest(self, summary: RunSummary, models: dict[str, str]) -> dict[str, Any]:
@@ -297,6 +272,7 @@ class RunOutput:
             "output": summary.output,
             "config": p.cfg.model_dump(),
             "models": models,
+            "stages": list(p.stages),  # the chain, in order (the report orders by it)
             "labels": p.labels,
             "counts": {
                 "documents": summary.documents,
@@ -305,7 +281,7 @@ class RunOutput:
                 "tokens": summary.tokens,
                 "batches": len(self.resumed) + self.written,
             },
-            # the batch ids are the names of the documents/ parts: not repeated here
+            # the batch ids are in the tables (batch_id column, file names): not repeated
             "resumed_batches": summary.skipped_batches,
             "timings": {
                 "wall_seconds": summary.wall_seconds,
@@ -320,11 +296,11 @@ class RunOutput:
             "backends": summary.backends,
             # every replica this invocation had: where it ran, what it served, its life
             "replicas": self.replicas,
-            # files per table after compaction (run.part_target_mb), and what it merged
+            # files per table after the sink's finish (run.part_target_mb), what it merged
             "parts": {
                 "target_mb": p.cfg.run.part_target_mb,
                 **self.compaction,
-                "tables": compact.part_counts(self.fs, self.root),
+                "tables": self.sink.table_files(),
             },
             "warnings": p.warnings,
             "partial": bool(p.skipped_files),

@@ -6,7 +6,7 @@ The output contract lives in DESIGN.md; this module is its single source in code
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -24,8 +24,6 @@ TRUNCATED = "truncated"
 LABEL = "label"
 SCORE = "score"
 PROBS = "probs"  # internal: the full probability vector, aggregated per document
-
-STAGES = ("sentencize", "embed", "classify")
 
 # Backend labels, written on every sentence row (``<stage>_backend``) and counted in the
 # manifest: how a stage computed its result. Not the pool a replica belongs to ("gpu" or
@@ -85,7 +83,14 @@ def documents_schema(labels: list[str]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def sentences_schema(embedding_dim: int | None) -> pa.Schema:
+def sentences_schema(
+    embedding_dim: int | None,
+    stages: Sequence[str],
+    extra: Sequence[pa.Field] = (),
+) -> pa.Schema:
+    """The sentences table: the contract's columns, then ``extra`` (columns that
+    user-defined stages add, as they typed them), then ``<stage>_backend`` and
+    ``<stage>_model`` for each stage of the chain, in chain order."""
     fields = [
         pa.field(DOC_ID, pa.string(), nullable=False),
         pa.field(SENT_INDEX, pa.int32(), nullable=False),
@@ -99,8 +104,23 @@ def sentences_schema(embedding_dim: int | None) -> pa.Schema:
     ]
     if embedding_dim is not None:
         fields.append(pa.field(EMBEDDING, pa.list_(pa.float32(), embedding_dim)))
-    for stage in STAGES:
-        fields.append(pa.field(f"{stage}_backend", pa.string(), nullable=False))
-    for stage in STAGES:
-        fields.append(pa.field(f"{stage}_model", pa.string(), nullable=False))
+    fields += list(extra)
+    fields += [pa.field(backend_column(s), pa.string(), nullable=False) for s in stages]
+    fields += [pa.field(model_column(s), pa.string(), nullable=False) for s in stages]
     return pa.schema(fields)
+
+
+# Columns of the sentences table that are not a stage's output (the contract's own, the
+# per-stage backend/model columns): what is left of a finished batch's table is the
+# columns user-defined stages added.
+CONTRACT_SENTENCE_COLUMNS = frozenset(sentences_schema(1, ()).names) | {PROBS}
+
+
+def backend_column(stage: str) -> str:
+    """The sentences column naming how ``stage`` computed a row (``<stage>_backend``)."""
+    return f"{stage}_backend"
+
+
+def model_column(stage: str) -> str:
+    """The sentences column naming the model version ``stage`` ran (``<stage>_model``)."""
+    return f"{stage}_model"

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -122,3 +123,18 @@ def int8_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = build_int8(EmbedConfig().resolved_model_path(), tmp_path_factory.mktemp("int8"))
     build_int8_classifier(ClassifyConfig().resolved_model_dir(), folder)
     return folder
+
+
+@pytest.fixture
+def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An out-of-tree stage package (tests/userstage.py), importable in this process and
+    its children for one test, as a user's own package would be."""
+    import sys
+
+    from tests.userstage import PACKAGE, write_package
+
+    root = write_package(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    for mod in [m for m in sys.modules if m.startswith(PACKAGE)]:
+        del sys.modules[mod]

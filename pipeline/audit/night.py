@@ -190,7 +190,7 @@ def _models(cfg: Config) -> dict[str, str]:
             f"{cfg.classify.resolved_model_dir()} (its labels: {', '.join(labels)}); set "
             "[audit] risk_label to one of them"
         )
-    return {"sentencize": cfg.sentencize.spacy_model, **versions}
+    return versions  # per stage: the sentencizer's spaCy pipeline, the models' versions
 
 
 def _selection(

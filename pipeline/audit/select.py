@@ -41,6 +41,10 @@ READ_BATCH_ROWS = 4096
 STAGING_BATCHES_PER_ROW_GROUP = 8
 STAGING_ROW_GROUP_BYTES = 64 * 1024 * 1024
 MAX_REPORTED = 5  # duplicate ids named in a message: enough to find the pattern
+# Staged files, one per source file read (k: its position tonight). They are the night's
+# run's *input*, not output parts: the run's source reads any visible .parquet file, and
+# nothing else looks for these names, so they are spelled here and not by the sink.
+STAGED_FILE = "input-{k:05d}.parquet"
 
 # Per-document hash input: a type tag, so a null, an empty string and binary text with
 # the same bytes differ (the pipeline treats them differently).
@@ -396,7 +400,7 @@ def _stage_files(
     offsets = np.searchsorted(joined["file"].to_numpy(), np.arange(len(opened) + 1))
     for k, (f, _) in enumerate(opened):
         expected = joined.slice(offsets[k], offsets[k + 1] - offsets[k])
-        target = f"{staging}/part-{k:05d}.parquet"
+        target = f"{staging}/{STAGED_FILE.format(k=k)}"
         try:
             chunk, file_counts = _stage_file(night, target, f, expected)
         except _Unreadable as e:

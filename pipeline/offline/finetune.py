@@ -279,6 +279,98 @@ class _Loop:
         return losses, seen / (time.perf_counter() - t0)
 
 
+def _build_loop(
+    texts: Sequence[str],
+    y: np.ndarray,
+    train_idx: np.ndarray,
+    names: list[str],
+    base: Path,
+    params: FineTuneParams,
+    seed: int,
+    monitor: Monitor | None,
+) -> tuple[_Loop, str]:
+    """Load the tokenizer and the encoder (wrapped in adapters for LoRA), put the linear
+    layer on top, tokenize every text; the training loop and how base.json names the base."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    encoder = load_encoder(base)
+    base_ref = base_reference(base)
+    if params.method == "lora":
+        encoder = _with_lora(encoder, params, base_ref)
+    tuner = _Tuner(encoder, len(names), tokenizer.pad_token_id or 0, seed)
+    counts = np.bincount(y[train_idx], minlength=len(names))
+    total = math.ceil(len(train_idx) / params.batch_size) * params.epochs
+    loop = _Loop(
+        tuner,
+        *_optimizer(tuner, params, total),
+        ids=_tokenize(tokenizer, texts, params.max_length),
+        y=torch.as_tensor(y),
+        weight=torch.as_tensor(  # "balanced", as the Keras head
+            len(train_idx) / (len(names) * np.maximum(counts, 1)), dtype=torch.float32
+        ),
+        params=params,
+        monitor=monitor or _Quiet(),
+    )
+    return loop, base_ref
+
+
+def _epoch_record(
+    epoch: int, losses: list[float], speed: float, held: dict[str, float], t_epoch: float
+) -> dict[str, Any]:
+    """One epoch's entry of the training record (``t_epoch``: when the epoch started)."""
+    return {
+        "epoch": epoch,
+        "train_loss": float(np.mean(losses)),
+        "step_losses": [round(v, 5) for v in losses],
+        "holdout_loss": held["loss"],
+        "holdout_macro_f1": held["macro_f1"],
+        "holdout_accuracy": held["accuracy"],
+        "examples_per_s": round(speed, 1),
+        "seconds": round(time.perf_counter() - t_epoch, 1),
+    }
+
+
+def _train_epochs(
+    loop: _Loop,
+    y: np.ndarray,
+    train_idx: np.ndarray,
+    hold_idx: np.ndarray,
+    names: list[str],
+    seed: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """Every epoch: a shuffled pass over ``train_idx``, then the held-out scores; leaves the
+    weights of the epoch with the best held-out macro-F1 in the model. Returns the epochs'
+    records and the best epoch."""
+    import torch
+
+    tuner, params = loop.tuner, loop.params
+    hold_ids = [loop.ids[i] for i in hold_idx]
+    order_gen = torch.Generator().manual_seed(seed)
+    records: list[dict[str, Any]] = []
+    best: dict[str, Any] = {"f1": -1.0, "epoch": 0, "state": None}
+    steps_per_epoch = math.ceil(len(train_idx) / params.batch_size)
+    loop.monitor.start(steps_per_epoch * params.epochs, steps_per_epoch)
+    tuner.train(True)
+    for epoch in range(1, params.epochs + 1):
+        t_epoch = time.perf_counter()
+        order = train_idx[torch.randperm(len(train_idx), generator=order_gen).numpy()]
+        losses, speed = loop.epoch(epoch, order)
+        held = _evaluate(tuner, hold_ids, y[hold_idx], loop.weight, names)
+        rec = _epoch_record(epoch, losses, speed, held, t_epoch)
+        records.append(rec)
+        loop.monitor.epoch(rec)
+        if held["macro_f1"] > best["f1"]:
+            state = {n: p.detach().clone() for n, p in tuner.trainable()}
+            best.update(f1=held["macro_f1"], epoch=epoch, state=state)
+    with torch.no_grad():  # the best epoch's weights back (the linear layer is dropped)
+        for n, p in tuner.trainable():
+            p.copy_(best["state"][n])
+    tuner.train(False)
+    return records, best["epoch"]
+
+
 def fine_tune(
     texts: Sequence[str],
     y: np.ndarray,
@@ -293,9 +385,7 @@ def fine_tune(
 ) -> dict[str, Any]:
     """Fine-tune ``base`` on ``texts[train_idx]``, select the epoch on ``texts[hold_idx]``,
     write the encoder folder ``out`` (replaced whole); return the training record."""
-    import torch
     import transformers
-    from transformers import AutoTokenizer
 
     transformers.logging.set_verbosity_error()  # the caller shows progress, not the loaders
     transformers.logging.disable_progress_bar()
@@ -305,70 +395,23 @@ def fine_tune(
     check_encoder_dir(base)
     t0 = time.perf_counter()
     with _deterministic(seed, usable_cores()):
-        tokenizer = AutoTokenizer.from_pretrained(str(base))
-        encoder = load_encoder(base)
-        base_ref = base_reference(base)
-        if params.method == "lora":
-            encoder = _with_lora(encoder, params, base_ref)
-        tuner = _Tuner(encoder, len(names), tokenizer.pad_token_id or 0, seed)
-        counts = np.bincount(y[train_idx], minlength=len(names))
-        steps_per_epoch = math.ceil(len(train_idx) / params.batch_size)
-        total = steps_per_epoch * params.epochs
-        loop = _Loop(
-            tuner,
-            *_optimizer(tuner, params, total),
-            ids=_tokenize(tokenizer, texts, params.max_length),
-            y=torch.as_tensor(y),
-            weight=torch.as_tensor(  # "balanced", as the Keras head
-                len(train_idx) / (len(names) * np.maximum(counts, 1)), dtype=torch.float32
-            ),
-            params=params,
-            monitor=monitor or _Quiet(),
-        )
-        hold_ids = [loop.ids[i] for i in hold_idx]
-        order_gen = torch.Generator().manual_seed(seed)
-        record: dict[str, Any] = {"epochs": []}
-        best: dict[str, Any] = {"f1": -1.0, "epoch": 0, "state": None}
-        loop.monitor.start(total, steps_per_epoch)
-        tuner.train(True)
-        for epoch in range(1, params.epochs + 1):
-            t_epoch = time.perf_counter()
-            order = train_idx[torch.randperm(len(train_idx), generator=order_gen).numpy()]
-            losses, speed = loop.epoch(epoch, order)
-            held = _evaluate(tuner, hold_ids, y[hold_idx], loop.weight, names)
-            rec = {
-                "epoch": epoch,
-                "train_loss": float(np.mean(losses)),
-                "step_losses": [round(v, 5) for v in losses],
-                "holdout_loss": held["loss"],
-                "holdout_macro_f1": held["macro_f1"],
-                "holdout_accuracy": held["accuracy"],
-                "examples_per_s": round(speed, 1),
-                "seconds": round(time.perf_counter() - t_epoch, 1),
-            }
-            record["epochs"].append(rec)
-            loop.monitor.epoch(rec)
-            if held["macro_f1"] > best["f1"]:
-                state = {n: p.detach().clone() for n, p in tuner.trainable()}
-                best.update(f1=held["macro_f1"], epoch=epoch, state=state)
-        with torch.no_grad():  # the best epoch's weights back (the linear layer is dropped)
-            for n, p in tuner.trainable():
-                p.copy_(best["state"][n])
-        tuner.train(False)
-        n_trainable = sum(p.numel() for n, p in tuner.trainable() if n.startswith("encoder."))
-        _save(tuner.encoder, params, base, base_ref, out)
-    record.update(
-        method=params.method,
-        base=base_ref,
-        base_version=fingerprint(base),
-        params={**asdict(params), "learning_rate": params.lr()},
-        seed=seed,
-        best_epoch=best["epoch"],
-        trainable_parameters=int(n_trainable),
-        encoder_mb=round(sum(p.stat().st_size for p in out.iterdir()) / 1e6, 2),
-        seconds=round(time.perf_counter() - t0, 1),
-    )
-    return record
+        loop, base_ref = _build_loop(texts, y, train_idx, names, base, params, seed, monitor)
+        epochs, best_epoch = _train_epochs(loop, y, train_idx, hold_idx, names, seed)
+        trainable = loop.tuner.trainable()
+        n_trainable = sum(p.numel() for n, p in trainable if n.startswith("encoder."))
+        _save(loop.tuner.encoder, params, base, base_ref, out)
+    return {
+        "epochs": epochs,
+        "method": params.method,
+        "base": base_ref,
+        "base_version": fingerprint(base),
+        "params": {**asdict(params), "learning_rate": params.lr()},
+        "seed": seed,
+        "best_epoch": best_epoch,
+        "trainable_parameters": int(n_trainable),
+        "encoder_mb": round(sum(p.stat().st_size for p in out.iterdir()) / 1e6, 2),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _save(encoder: Any, params: FineTuneParams, base: Path, base_ref: str, out: Path) -> None:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from docintel.pipeline.artefacts import (
     CLASSIFIER_INPUT,
@@ -41,6 +42,9 @@ from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
 from docintel.pipeline.versions import fingerprint
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ONNX_OPSET = 17  # LayerNormalization is a standard op from 17; ORT fuses it at load
 TOKENIZER_FILES = (
@@ -235,6 +239,82 @@ def _inbound(layer_cfg: dict[str, Any]) -> list[str]:
     return names
 
 
+@dataclass
+class _HeadGraph:
+    """The ONNX nodes and initializers of a Keras head, added layer by layer in the order of
+    its config; ``where`` (the .keras file) names the head in errors."""
+
+    where: Path
+    nodes: list[Any] = field(default_factory=list)
+    inits: list[Any] = field(default_factory=list)
+    out_of: dict[str, str] = field(default_factory=dict)  # layer -> ONNX tensor of its output
+
+    def add_layer(self, model: Any, layer_cfg: dict[str, Any]) -> None:
+        """Convert one layer of the head's functional config; refuse unsupported kinds."""
+        kind, name = layer_cfg["class_name"], layer_cfg["name"]
+        src = [self.out_of[n] for n in _inbound(layer_cfg)]
+        if kind == "InputLayer":
+            self.out_of[name] = CLASSIFIER_INPUT
+        elif kind == "Dropout":  # identity at inference
+            self.out_of[name] = src[0]
+        elif kind == "Dense":
+            self.out_of[name] = self.dense(model, layer_cfg, src[0])
+        elif kind == "Average":
+            self.out_of[name] = self.average(name, src)
+        else:
+            raise ModelError(
+                f"{self.where}: layer {name!r} is a {kind}; the int8 classifier converts heads "
+                "of Dense, Dropout and Average layers (as `docintel train` writes). Set [embed] "
+                'cpu_precision = "fp32" to run this classifier in fp32 on CPU replicas'
+            )
+
+    def dense(self, model: Any, layer_cfg: dict[str, Any], src: str) -> str:
+        """MatMul, Add of the bias (if any), then Relu or Softmax; the output tensor's name."""
+        import numpy as np
+        from onnx import helper, numpy_helper
+
+        name = layer_cfg["name"]
+        weights = [np.asarray(w, np.float32) for w in model.get_layer(name).get_weights()]
+        act = layer_cfg["config"]["activation"]
+        if act not in ("linear", "relu", "softmax"):
+            raise ModelError(
+                f"{self.where}: layer {name!r} has activation {act!r}; the int8 classifier "
+                "supports linear, relu and softmax (heads written by `docintel train`)"
+            )
+        out = f"{name}/out"
+        pre = f"{name}/pre" if act != "linear" else out
+        self.inits.append(numpy_helper.from_array(weights[0], f"{name}/kernel"))
+        mm = f"{name}/mm" if len(weights) > 1 else pre
+        self.nodes.append(
+            helper.make_node("MatMul", [src, f"{name}/kernel"], [mm], name=f"{name}/MatMul")
+        )
+        if len(weights) > 1:  # use_bias
+            self.inits.append(numpy_helper.from_array(weights[1], f"{name}/bias"))
+            self.nodes.append(
+                helper.make_node("Add", [mm, f"{name}/bias"], [pre], name=f"{name}/Add")
+            )
+        if act == "relu":
+            self.nodes.append(helper.make_node("Relu", [pre], [out], name=f"{name}/Relu"))
+        elif act == "softmax":
+            self.nodes.append(
+                helper.make_node("Softmax", [pre], [out], axis=-1, name=f"{name}/Softmax")
+            )
+        return out
+
+    def average(self, name: str, src: list[str]) -> str:
+        """Sum of the inputs times 1/n; the output tensor's name."""
+        import numpy as np
+        from onnx import helper, numpy_helper
+
+        out = f"{name}/out"
+        self.inits.append(numpy_helper.from_array(np.float32(1 / len(src)), f"{name}/inv_n"))
+        self.nodes += [
+            helper.make_node("Sum", src, [f"{name}/sum"], name=f"{name}/Sum"),
+            helper.make_node("Mul", [f"{name}/sum", f"{name}/inv_n"], [out], name=f"{name}/Mul"),
+        ]
+        return out
+
+
 def keras_head_to_onnx(model: Any, where: Path) -> Any:
     """The fp32 ONNX graph of a classifier head written by `docintel train`.
 
@@ -243,73 +323,22 @@ def keras_head_to_onnx(model: Any, where: Path) -> Any:
     conversion would mislabel every spilled sentence. Built from the weights with
     ``onnx.helper``: tf2onnx does not install beside TensorFlow 2.21 / protobuf 7.
     """
-    import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     cfg = model.get_config()
-    nodes: list[Any] = []
-    inits: list[Any] = []
-    out_of: dict[str, str] = {}  # layer name -> ONNX tensor holding its output
+    head = _HeadGraph(where)
     for layer_cfg in cfg["layers"]:
-        kind, name = layer_cfg["class_name"], layer_cfg["name"]
-        src = [out_of[n] for n in _inbound(layer_cfg)]
-        if kind == "InputLayer":
-            out_of[name] = CLASSIFIER_INPUT
-        elif kind == "Dropout":  # identity at inference
-            out_of[name] = src[0]
-        elif kind == "Dense":
-            weights = [np.asarray(w, np.float32) for w in model.get_layer(name).get_weights()]
-            act = layer_cfg["config"]["activation"]
-            if act not in ("linear", "relu", "softmax"):
-                raise ModelError(
-                    f"{where}: layer {name!r} has activation {act!r}; the int8 classifier "
-                    "supports linear, relu and softmax (heads written by `docintel train`)"
-                )
-            out = f"{name}/out"
-            pre = f"{name}/pre" if act != "linear" else out
-            inits.append(numpy_helper.from_array(weights[0], f"{name}/kernel"))
-            mm = f"{name}/mm" if len(weights) > 1 else pre
-            nodes.append(
-                helper.make_node("MatMul", [src[0], f"{name}/kernel"], [mm], name=f"{name}/MatMul")
-            )
-            if len(weights) > 1:  # use_bias
-                inits.append(numpy_helper.from_array(weights[1], f"{name}/bias"))
-                nodes.append(
-                    helper.make_node("Add", [mm, f"{name}/bias"], [pre], name=f"{name}/Add")
-                )
-            if act == "relu":
-                nodes.append(helper.make_node("Relu", [pre], [out], name=f"{name}/Relu"))
-            elif act == "softmax":
-                nodes.append(
-                    helper.make_node("Softmax", [pre], [out], axis=-1, name=f"{name}/Softmax")
-                )
-            out_of[name] = out
-        elif kind == "Average":
-            out = f"{name}/out"
-            inits.append(numpy_helper.from_array(np.float32(1 / len(src)), f"{name}/inv_n"))
-            nodes += [
-                helper.make_node("Sum", src, [f"{name}/sum"], name=f"{name}/Sum"),
-                helper.make_node(
-                    "Mul", [f"{name}/sum", f"{name}/inv_n"], [out], name=f"{name}/Mul"
-                ),
-            ]
-            out_of[name] = out
-        else:
-            raise ModelError(
-                f"{where}: layer {name!r} is a {kind}; the int8 classifier converts heads of "
-                "Dense, Dropout and Average layers (as `docintel train` writes). Set [embed] "
-                'cpu_precision = "fp32" to run this classifier in fp32 on CPU replicas'
-            )
-    final = out_of[cfg["output_layers"][0]]
-    nodes.append(helper.make_node("Identity", [final], [CLASSIFIER_OUTPUT], name="output"))
+        head.add_layer(model, layer_cfg)
+    final = head.out_of[cfg["output_layers"][0]]
+    head.nodes.append(helper.make_node("Identity", [final], [CLASSIFIER_OUTPUT], name="output"))
     dim, n_out = int(model.input_shape[-1]), int(model.output_shape[-1])
     graph = helper.make_graph(
-        nodes,
+        head.nodes,
         "docintel_head",
         [helper.make_tensor_value_info(CLASSIFIER_INPUT, TensorProto.FLOAT, ["batch", dim])],
         [helper.make_tensor_value_info(CLASSIFIER_OUTPUT, TensorProto.FLOAT, ["batch", n_out])],
-        inits,
+        head.inits,
     )
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
     onnx.checker.check_model(onnx_model)
@@ -400,6 +429,88 @@ def _build_head(classifier_dir: Path, target: Path, int8: bool) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class _Parity:
+    """Class probabilities of one labelled file under the four encoder x classifier
+    precisions, and its true classes: what :func:`parity_report` compares."""
+
+    y: np.ndarray
+    labels: list[str]
+    p32_32: np.ndarray  # fp32 encoder, fp32 classifier: the reference
+    p8_32: np.ndarray  # int8 encoder, fp32 classifier
+    p32_8: np.ndarray  # fp32 encoder, int8 classifier
+    p8_8: np.ndarray  # int8 encoder, int8 classifier
+
+    def f1(self, p: np.ndarray) -> float:
+        from docintel.pipeline.offline.metrics import metrics
+
+        return float(metrics(self.y, p.argmax(axis=1), self.labels)["macro_f1"])
+
+    def agree(self, p: np.ndarray) -> float:
+        return float((p.argmax(axis=1) == self.p32_32.argmax(axis=1)).mean())
+
+
+def _embed_fp32_int8(
+    embed_cfg: EmbedConfig, artefact_dir: Path, texts: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The texts' embeddings by the fp32 encoder and by the int8 one in ``artefact_dir``."""
+    from docintel.pipeline.stages.embed import Embedder
+    from docintel.pipeline.stages.embed_int8 import Int8Embedder
+
+    fp32 = Embedder(embed_cfg)
+    fp32.setup()
+    int8 = Int8Embedder(embed_cfg, artefact_dir)
+    int8.setup()
+    x32, _, _ = fp32.encode(texts)
+    x8, _, _ = int8.encode(texts)
+    return x32, x8
+
+
+def _classifiers_fp32_int8(classifier_dir: Path, artefact_dir: Path) -> tuple[Any, Any]:
+    """The Keras classifier in ``classifier_dir`` and its int8 build in ``artefact_dir``."""
+    from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+
+    clf_cfg = ClassifyConfig(model_dir=str(classifier_dir))
+    clf = Classifier(clf_cfg)
+    clf.setup()
+    clf8 = Int8Classifier(clf_cfg, artefact_dir)
+    clf8.setup()
+    return clf, clf8
+
+
+def _parity_sections(
+    p: _Parity, cos: np.ndarray, encoder_artefact: Path, clf8: Any
+) -> dict[str, dict[str, Any]]:
+    """The report's ``encoder``, ``classifier`` and ``end_to_end`` parts."""
+    import numpy as np
+
+    f1_ref = p.f1(p.p32_32)
+    return {
+        "encoder": {
+            "artefact": str(encoder_artefact),
+            "cosine_mean": float(cos.mean()),
+            "cosine_min": float(cos.min()),
+            "macro_f1_int8": p.f1(p.p8_32),
+            "macro_f1_drop": f1_ref - p.f1(p.p8_32),
+            "labels_agree": p.agree(p.p8_32),
+        },
+        "classifier": {
+            "artefact": str(clf8.artefact_path()),
+            "version": clf8.version,
+            "macro_f1_int8": p.f1(p.p32_8),
+            "macro_f1_drop": f1_ref - p.f1(p.p32_8),
+            "labels_agree": p.agree(p.p32_8),
+            "max_prob_diff": float(np.abs(p.p32_8 - p.p32_32).max()) if len(p.y) else 0.0,
+        },
+        "end_to_end": {
+            "macro_f1_int8": p.f1(p.p8_8),
+            "macro_f1_drop": f1_ref - p.f1(p.p8_8),
+            "labels_agree": p.agree(p.p8_8),
+        },
+    }
+
+
 def parity_report(
     artefact_dir: Path,
     embed_cfg: EmbedConfig,
@@ -416,65 +527,28 @@ def parity_report(
     """
     import numpy as np
 
-    from docintel.pipeline.config import ClassifyConfig
-    from docintel.pipeline.offline.train import apply_label_names, load_labelled, metrics
-    from docintel.pipeline.stages.classify import Classifier, Int8Classifier
-    from docintel.pipeline.stages.embed import Embedder
-    from docintel.pipeline.stages.embed_int8 import Int8Embedder
+    from docintel.pipeline.offline.train import apply_label_names, load_labelled
 
     texts, raw = load_labelled(data)
-    fp32 = Embedder(embed_cfg)
-    fp32.setup()
-    int8 = Int8Embedder(embed_cfg, artefact_dir)
-    int8.setup()
-    x32, _, _ = fp32.encode(texts)
-    x8, _, _ = int8.encode(texts)
+    x32, x8 = _embed_fp32_int8(embed_cfg, artefact_dir, texts)
     cos = (x32 * x8).sum(axis=1)
-    clf_cfg = ClassifyConfig(model_dir=str(classifier_dir))
-    clf = Classifier(clf_cfg)
-    clf.setup()
-    clf8 = Int8Classifier(clf_cfg, artefact_dir)
-    clf8.setup()
+    clf, clf8 = _classifiers_fp32_int8(classifier_dir, artefact_dir)
     integer_ids = all(r.isdigit() for r in raw)
     labels = apply_label_names(raw, (label_names or clf.labels) if integer_ids else None)
     y = np.array([clf.labels.index(lb) for lb in labels])
-    p32_32 = clf.predict(x32)  # fp32 encoder, fp32 classifier: the reference
-    p8_32 = clf.predict(x8)
-    p32_8 = clf8.predict(x32)
-    p8_8 = clf8.predict(x8)
-
-    def f1(p: np.ndarray) -> float:
-        return float(metrics(y, p.argmax(axis=1), clf.labels)["macro_f1"])
-
-    def agree(p: np.ndarray) -> float:
-        return float((p.argmax(axis=1) == p32_32.argmax(axis=1)).mean())
-
-    f1_ref = f1(p32_32)
+    p = _Parity(
+        y,
+        clf.labels,
+        p32_32=clf.predict(x32),
+        p8_32=clf.predict(x8),
+        p32_8=clf8.predict(x32),
+        p8_8=clf8.predict(x8),
+    )
     return {
         "data": str(data),
         "n": len(texts),
-        "macro_f1_fp32": f1_ref,
-        "encoder": {
-            "artefact": str(artefact_dir / INT8_MODEL_FILE),
-            "cosine_mean": float(cos.mean()),
-            "cosine_min": float(cos.min()),
-            "macro_f1_int8": f1(p8_32),
-            "macro_f1_drop": f1_ref - f1(p8_32),
-            "labels_agree": agree(p8_32),
-        },
-        "classifier": {
-            "artefact": str(clf8.artefact_path()),
-            "version": clf8.version,
-            "macro_f1_int8": f1(p32_8),
-            "macro_f1_drop": f1_ref - f1(p32_8),
-            "labels_agree": agree(p32_8),
-            "max_prob_diff": float(np.abs(p32_8 - p32_32).max()) if len(texts) else 0.0,
-        },
-        "end_to_end": {
-            "macro_f1_int8": f1(p8_8),
-            "macro_f1_drop": f1_ref - f1(p8_8),
-            "labels_agree": agree(p8_8),
-        },
+        "macro_f1_fp32": p.f1(p.p32_32),
+        **_parity_sections(p, cos, artefact_dir / INT8_MODEL_FILE, clf8),
     }
 
 

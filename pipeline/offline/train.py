@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from docintel.pipeline.artefacts import (
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.offline.metrics import metrics
+from docintel.pipeline.stages.embed import Embedder
 
 if TYPE_CHECKING:
     from docintel.pipeline.offline.finetune import FineTuneParams, Monitor
@@ -98,8 +100,6 @@ def apply_label_names(labels: list[str], names: list[str] | None) -> list[str]:
 
 def embed_texts(texts: list[str], cfg: EmbedConfig) -> tuple[np.ndarray, str]:
     """Embeddings of whole texts with the pipeline's Embedder, and the embedder version."""
-    from docintel.pipeline.stages.embed import Embedder
-
     emb = Embedder(cfg)
     emb.setup()
     vectors, _, _ = emb.encode(texts)
@@ -116,6 +116,56 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     mask = np.zeros(len(y), dtype=bool)
     mask[hold] = True
     return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+@dataclass
+class _KeepBest:
+    """Hold-out bookkeeping of :func:`fit_head`: the best macro-F1 so far, the weights that
+    reached it, and the epochs since; ``curve``, if given, receives every epoch's macro-F1."""
+
+    patience: int
+    curve: list[float] | None
+    f1: float = -1.0
+    weights: Any = None
+    wait: int = 0
+
+    def after_epoch(self, f1: float, weights: Callable[[], Any]) -> bool:
+        """Record one epoch's hold-out macro-F1 (``weights`` read only if it is the best);
+        whether training should stop (``patience`` epochs without a better one)."""
+        if self.curve is not None:
+            self.curve.append(round(f1, 5))
+        if f1 > self.f1:
+            self.f1, self.weights, self.wait = f1, weights(), 0
+            return False
+        self.wait += 1
+        return self.wait >= self.patience
+
+
+def _ensemble(keras: Any, dim: int, n_classes: int, params: HeadParams) -> tuple[Any, Any]:
+    """The compiled trainer (one softmax output, one loss per member) and the model that
+    averages the members' outputs; both share the members' layers."""
+    inputs = keras.Input(shape=(dim,), dtype="float32", name="embedding")
+    heads = []
+    for k in range(params.members):
+        h = inputs
+        for j, units in enumerate(params.hidden):
+            h = keras.layers.Dense(units, activation="relu", name=f"m{k}_dense{j}")(h)
+            h = keras.layers.Dropout(params.dropout, name=f"m{k}_drop{j}")(h)
+        heads.append(keras.layers.Dense(n_classes, activation="softmax", name=f"m{k}_probs")(h))
+    trainer = keras.Model(inputs, heads)  # trains every member on its own loss
+    model = keras.Model(inputs, keras.layers.Average(name="probs")(heads), name="head")
+    trainer.compile(
+        optimizer=keras.optimizers.Adam(params.learning_rate),
+        loss=[keras.losses.CategoricalCrossentropy() for _ in heads],
+    )
+    return trainer, model
+
+
+def _balanced_sample_weights(y: np.ndarray, n_classes: int) -> np.ndarray:
+    """Each row's weight: its class's "balanced" weight, rows / (classes * class count)."""
+    counts = np.bincount(y, minlength=n_classes)
+    class_weight = len(y) / (n_classes * np.maximum(counts, 1))  # "balanced"
+    return class_weight[y].astype(np.float32)
 
 
 def fit_head(
@@ -140,51 +190,29 @@ def fit_head(
 
     keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()  # same seed, same weights
-    inputs = keras.Input(shape=(x.shape[1],), dtype="float32", name="embedding")
-    heads = []
-    for k in range(params.members):
-        h = inputs
-        for j, units in enumerate(params.hidden):
-            h = keras.layers.Dense(units, activation="relu", name=f"m{k}_dense{j}")(h)
-            h = keras.layers.Dropout(params.dropout, name=f"m{k}_drop{j}")(h)
-        heads.append(keras.layers.Dense(n_classes, activation="softmax", name=f"m{k}_probs")(h))
-    trainer = keras.Model(inputs, heads)  # trains every member on its own loss
-    model = keras.Model(inputs, keras.layers.Average(name="probs")(heads), name="head")
-    trainer.compile(
-        optimizer=keras.optimizers.Adam(params.learning_rate),
-        loss=[keras.losses.CategoricalCrossentropy() for _ in heads],
-    )
-    counts = np.bincount(y, minlength=n_classes)
-    class_weight = len(y) / (n_classes * np.maximum(counts, 1))  # "balanced"
-    weights = class_weight[y].astype(np.float32)
+    trainer, model = _ensemble(keras, x.shape[1], n_classes, params)
+    weights = _balanced_sample_weights(y, n_classes)
     onehot = keras.utils.to_categorical(y, n_classes)
     names = [str(i) for i in range(n_classes)]
-    best: dict[str, Any] = {"f1": -1.0, "weights": None, "wait": 0}
+    best = _KeepBest(params.patience, curve)
 
     class KeepBestMacroF1(keras.callbacks.Callback):
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:  # noqa: ARG002 - Keras callback signature
             pred = np.asarray(model(x_hold, training=False)).argmax(axis=1)
-            f1 = metrics(y_hold, pred, names)["macro_f1"]
-            if curve is not None:
-                curve.append(round(f1, 5))
-            if f1 > best["f1"]:
-                best.update(f1=f1, weights=model.get_weights(), wait=0)
-                return
-            best["wait"] += 1
-            if best["wait"] >= params.patience:
+            if best.after_epoch(metrics(y_hold, pred, names)["macro_f1"], model.get_weights):
                 trainer.stop_training = True
 
     trainer.fit(
         x,
-        [onehot] * len(heads),
-        sample_weight=[weights] * len(heads),
+        [onehot] * params.members,
+        sample_weight=[weights] * params.members,
         batch_size=params.batch_size,
         epochs=params.max_epochs,
         shuffle=True,
         callbacks=[KeepBestMacroF1()],
         verbose=0,
     )
-    model.set_weights(best["weights"])
+    model.set_weights(best.weights)
     return model
 
 
@@ -195,6 +223,84 @@ def _inference_copy(model: Any) -> Any:
     clean = keras.Model.from_config(model.get_config())
     clean.set_weights(model.get_weights())
     return clean
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """A labelled file as classes: its texts, their class ids, the class names (id order)
+    and the stratified split into training rows and hold-out rows."""
+
+    texts: list[str]
+    y: np.ndarray
+    names: list[str]
+    train: np.ndarray
+    hold: np.ndarray
+
+
+def _classes(data: Path, label_names: list[str] | None, seed: int) -> _Classes:
+    """Read ``data``, name its labels, number the classes and split off the hold-out."""
+    texts, raw = load_labelled(data)
+    if not texts:
+        raise InputError(f"labelled data {data} has no rows with both text and label")
+    labels = apply_label_names(raw, label_names)
+    names = label_names or sorted(set(labels))
+    index = {n: i for i, n in enumerate(names)}
+    y = np.array([index[lb] for lb in labels], dtype=np.int64)
+    tr, ho = stratified_split(y, HOLDOUT_FRACTION, seed)
+    return _Classes(texts, y, names, tr, ho)
+
+
+def _fine_tune_encoder(
+    c: _Classes,
+    out: Path,
+    embed_cfg: EmbedConfig,
+    params: FineTuneParams,
+    seed: int,
+    monitor: Monitor | None,
+) -> tuple[dict[str, Any], EmbedConfig]:
+    """Fine-tune the configured encoder into ``out/encoder/``: the fine-tuning record, and
+    the embed config that runs the fine-tuned encoder."""
+    from docintel.pipeline.offline.finetune import fine_tune as do_fine_tune
+
+    encoder_dir = out / ENCODER_SUBDIR
+    base = embed_cfg.resolved_model_path()
+    tuned = do_fine_tune(
+        c.texts, c.y, c.train, c.hold, c.names, base, encoder_dir, params, seed, monitor
+    )
+    return tuned, embed_cfg.model_copy(update={"model_path": str(encoder_dir)})
+
+
+def _training_record(
+    data: Path,
+    c: _Classes,
+    embedder: str,
+    embedding_dim: int,
+    params: HeadParams,
+    seed: int,
+    curve: list[float],
+    seconds: dict[str, float],
+    tuned: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What ``training.json`` holds: the data, the embedder, the head's curve, the times."""
+    record: dict[str, Any] = {
+        "data": data.name,
+        "rows": len(c.texts),
+        "train_rows": len(c.train),
+        "holdout_rows": len(c.hold),
+        "embedder": embedder,
+        "embedding_dim": embedding_dim,
+        "seed": seed,
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
+        "head_curve": {
+            "holdout_macro_f1_per_epoch": curve,
+            "best_epoch": int(np.argmax(curve)) + 1 if curve else 0,
+        },
+        "seconds": seconds,
+    }
+    if tuned is not None:
+        record["encoder"] = ENCODER_SUBDIR  # relative to this folder
+        record["fine_tune"] = tuned
+    return record
 
 
 def train(
@@ -215,54 +321,29 @@ def train(
     """
     params = params or HeadParams()
     t0 = time.perf_counter()
-    texts, raw = load_labelled(data)
-    if not texts:
-        raise InputError(f"labelled data {data} has no rows with both text and label")
-    labels = apply_label_names(raw, label_names)
-    names = label_names or sorted(set(labels))
-    index = {n: i for i, n in enumerate(names)}
-    y = np.array([index[lb] for lb in labels], dtype=np.int64)
-    tr, ho = stratified_split(y, HOLDOUT_FRACTION, seed)
+    c = _classes(data, label_names, seed)
+    tr, ho, y = c.train, c.hold, c.y
     tuned: dict[str, Any] | None = None
     if fine_tune is not None:
-        from docintel.pipeline.offline.finetune import fine_tune as do_fine_tune
-
-        encoder_dir = out / ENCODER_SUBDIR
-        base = embed_cfg.resolved_model_path()
-        tuned = do_fine_tune(texts, y, tr, ho, names, base, encoder_dir, fine_tune, seed, monitor)
-        embed_cfg = embed_cfg.model_copy(update={"model_path": str(encoder_dir)})
+        tuned, embed_cfg = _fine_tune_encoder(c, out, embed_cfg, fine_tune, seed, monitor)
     t_embed0 = time.perf_counter()
-    x, embedder = embed_texts(texts, embed_cfg)
+    x, embedder = embed_texts(c.texts, embed_cfg)
     t_embed = time.perf_counter() - t_embed0
     curve: list[float] = []
-    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(names), params, seed, curve)
+    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve)
     pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
-    result = metrics(y[ho], pred, names)
+    result = metrics(y[ho], pred, c.names)
     out.mkdir(parents=True, exist_ok=True)
     _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
-    (out / LABELS_FILE).write_text(json.dumps(names) + "\n")
-    record: dict[str, Any] = {
-        "data": data.name,
-        "rows": len(texts),
-        "train_rows": len(tr),
-        "holdout_rows": len(ho),
-        "embedder": embedder,
-        "embedding_dim": int(x.shape[1]),
-        "seed": seed,
-        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
-        "head_curve": {
-            "holdout_macro_f1_per_epoch": curve,
-            "best_epoch": int(np.argmax(curve)) + 1 if curve else 0,
-        },
-        "seconds": {
-            "fine_tune": tuned["seconds"] if tuned else 0.0,
-            "embed": round(t_embed, 1),
-            "total": round(time.perf_counter() - t0, 1),
-        },
+    (out / LABELS_FILE).write_text(json.dumps(c.names) + "\n")
+    seconds = {
+        "fine_tune": tuned["seconds"] if tuned else 0.0,
+        Embedder.name: round(t_embed, 1),  # the embed stage's time, keyed by its name
+        "total": round(time.perf_counter() - t0, 1),
     }
-    if tuned is not None:
-        record["encoder"] = ENCODER_SUBDIR  # relative to this folder
-        record["fine_tune"] = tuned
+    record = _training_record(
+        data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
+    )
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     (out / METRICS_FILE).write_text(json.dumps({"split": "holdout", **result}, indent=2) + "\n")
     return result

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from docintel.pipeline.errors import ConfigError, InputError, UsageError
 from docintel.pipeline.report.html import render_html
 from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
-from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, STAGES, TEXT
-from docintel.pipeline.sink import MANIFEST, atomic_write, read_manifest
+from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
+from docintel.pipeline.sink import MANIFEST, atomic_write, part_files, read_manifest
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -179,7 +179,7 @@ def _run_sections(
         "top_label_distribution": docs["top_labels"],
         "top_risk": sents["top_risk"],
         "backends": backends,
-        "backend_share": _backend_share(backends),
+        "backend_share": _backend_share(backends, manifest.get("stages", [])),
         "resumed_batches": int(manifest.get("resumed_batches", 0)),
         "throughput": _throughput(manifest.get("timings", {}), counts),
         "errors": errs,
@@ -189,23 +189,11 @@ def _run_sections(
     }
 
 
-def _part_files(fs: pafs.FileSystem, root: str, table: str) -> list[str]:
-    """The committed part files of one table (hidden temporaries skipped), sorted."""
-    sel = pafs.FileSelector(f"{root}/{table}", allow_not_found=True)
-    return sorted(
-        i.path
-        for i in fs.get_file_info(sel)
-        if i.type == pafs.FileType.File
-        and i.base_name.startswith("part-")
-        and i.base_name.endswith(".parquet")
-    )
-
-
 def _batches(
     fs: pafs.FileSystem, root: str, table: str, columns: list[str]
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of ``columns`` from every part of ``table``, one file open at a time."""
-    for path in _part_files(fs, root, table):
+    for path in part_files(fs, root, table):  # the sink's names: hidden temporaries skipped
         with fs.open_input_file(path) as f:
             pf = pq.ParquetFile(f)
             absent = [c for c in columns if c not in pf.schema_arrow.names]
@@ -309,10 +297,15 @@ def _backend_family(backend: str) -> str:
     return "cpu_int8" if backend == CPU_INT8 else "cpu_other"
 
 
-def _backend_share(backends: dict[str, dict[str, int]]) -> dict[str, dict[str, float | int]]:
-    """Per stage: batches served, and the share of them on GPU, CPU int8 and other CPU."""
+def _backend_share(
+    backends: dict[str, dict[str, int]], stages: list[str]
+) -> dict[str, dict[str, float | int]]:
+    """Per stage: batches served, and the share of them on GPU, CPU int8 and other CPU.
+
+    In chain order: the manifest's ``stages`` (older manifests have none), then any other
+    stage in the order the manifest recorded its backends."""
     out: dict[str, dict[str, float | int]] = {}
-    for stage in [*STAGES, *sorted(set(backends) - set(STAGES))]:
+    for stage in dict.fromkeys([*stages, *backends]):
         served = backends.get(stage, {})
         total = sum(served.values())
         if not total:

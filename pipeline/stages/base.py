@@ -93,8 +93,11 @@ class Stage(ABC):
         """Free model memory; the default has nothing to free."""
 
 
-def check_chain(source_columns: Sequence[str], stages: Sequence[Stage]) -> list[str]:
-    """Check, before any cluster work, that every stage's inputs exist; return final columns."""
+def check_chain(source_columns: Sequence[str], stages: Sequence[Stage | type[Stage]]) -> list[str]:
+    """Check, before any cluster work, that every stage's inputs exist; return final columns.
+
+    Reads only the declarations (``name``, ``input_columns``, ``output_columns``,
+    ``keeps_input``): stage classes will do, so nothing is constructed or loaded."""
     columns = list(source_columns)
     for stage in stages:
         missing = [c for c in stage.input_columns if c not in columns]

@@ -36,6 +36,7 @@ from docintel.pipeline.schema import (
     SCORE,
 )
 from docintel.pipeline.stages.base import Placement, Stage
+from docintel.pipeline.stages.onnx_session import onnx_session
 from docintel.pipeline.versions import fingerprint
 
 
@@ -204,8 +205,6 @@ class OnnxClassifier(Classifier):
         return self.artefact or classifier_fp32_path(self.int8_dir, self.cfg.resolved_model_dir())
 
     def setup(self) -> None:
-        import onnxruntime as ort
-
         model_dir = self.cfg.resolved_model_dir()
         self.labels, _ = read_classifier_meta(model_dir)
         path = self.artefact_path()
@@ -214,13 +213,8 @@ class OnnxClassifier(Classifier):
             raise ModelError(
                 f"{what} (for {model_dir}) does not exist; build it with {self.built_by}"
             )
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads or 1
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        try:  # one intra-op thread unless told: a head is small next to the encoder
+            self.session = onnx_session(path, self.threads or 1)
         except Exception as e:  # ORT's InvalidProtobuf/Fail/... derive from Exception only
             raise ModelError(
                 f"could not load {what}: {e}; rebuild it with `docintel quantize`"

@@ -1,134 +1,137 @@
-"""Test and benchmark stand-ins (config ``[faults]``), both wrapping the real stage.
+"""Test and benchmark stand-ins (config ``[faults]``), applied by one wrap of a stage.
 
-* :class:`PoisonedStage` raises for chosen documents, so tests exercise the real
-  isolation, error-row and retry paths end to end, with real models, on a real cluster.
+:func:`wrap` is the only place a ``[faults]`` setting reaches a run: the layout wraps the
+stage object a pool's replicas hold, and nothing else (actors, executor, sink) knows
+about faults. With ``[faults]`` empty (production) the stage is returned unwrapped.
+
+* :class:`FaultyStage` raises for chosen documents (``poison_doc_ids``), so tests exercise
+  the real isolation, error-row and retry paths end to end, with real models, on a real
+  cluster; sleeps before each call of a GPU replica (``gpu_delay_s``, to saturate GPU
+  pools on purpose) and before loading the model (``load_delay_s``, a slow model load).
 * :class:`ModelledStage` (benchmarks only, ``gpu_model_s_per_sentence``) stands in for a
   GPU replica of a model stage: it loads no model, sleeps a modelled service time per
-  call and returns placeholder results with the real stage's columns and types, so a
-  simulated cluster of many stand-in GPU nodes measures the driver and the dispatcher,
-  not this machine's cores (bench/scaleout.py).
+  call and returns placeholder results with the real stage's columns and types (the
+  stage's registry entry says which), so a simulated cluster of many stand-in GPU nodes
+  measures the driver and the dispatcher, not this machine's cores (bench/scaleout.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from docintel.pipeline.config import ClassifyConfig, EmbedConfig
-from docintel.pipeline.schema import (
-    BACKEND_GPU_MODEL,
-    DOC_ID,
-    EMBEDDING,
-    LABEL,
-    N_TOKENS,
-    PROBS,
-    SCORE,
-    TRUNCATED,
-)
+from docintel.pipeline.config import Config, FaultsConfig
+from docintel.pipeline.schema import BACKEND_GPU_MODEL, DOC_ID
 from docintel.pipeline.stages.base import Stage
-from docintel.pipeline.stages.classify import read_classifier_meta
-from docintel.pipeline.stages.embed import embedding_dim
 
-# The stages whose GPU replicas ModelledStage can stand in for (the sentencizer is
-# rule-based and cheap: it keeps running for real).
-MODELLED_STAGES = ("embed", "classify")
 MODELLED_VERSION = "modelled"  # the model version a modelled replica reports and writes
+# Builds, in the replica, the columns a modelled call appends for n rows.
+Placeholder = Callable[[Config], Callable[[int], dict[str, pa.Array]]]
 
 
 class InjectedFault(RuntimeError):
     """Raised on purpose by a poisoned stage."""
 
 
-class PoisonedStage(Stage):
-    def __init__(self, inner: Stage, doc_ids: tuple[str, ...]) -> None:
+class _Standin(Stage):
+    """A wrapper that stands in for ``inner``: its name and columns."""
+
+    def __init__(self, inner: Stage) -> None:
         self.inner = inner
-        self.doc_ids = pa.array(sorted(doc_ids), pa.string())
         self.name = inner.name  # type: ignore[misc]  # the wrapper stands in for the stage
         self.input_columns = inner.input_columns  # type: ignore[misc]
         self.output_columns = inner.output_columns  # type: ignore[misc]
         self.keeps_input = inner.keeps_input  # type: ignore[misc]
-
-    def setup(self) -> None:
-        self.inner.setup()
-        self.backend = self.inner.backend
-        self.version = self.inner.version
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        hit = pc.filter(table[DOC_ID], pc.is_in(table[DOC_ID], value_set=self.doc_ids))
-        if len(hit):
-            raise InjectedFault(f"injected fault in {self.name} for document {hit[0].as_py()!r}")
-        return self.inner(table)
 
     def teardown(self) -> None:
         self.inner.teardown()
 
 
-class ModelledStage(Stage):
-    """A GPU replica of ``embed`` or ``classify`` that computes nothing (benchmarks only).
-
-    ``setup()`` reads only the model's shape (the encoder's hidden size from its
-    config.json, the classifier's labels.json); torch and TensorFlow are never imported.
-    A call sleeps ``rows x seconds_per_sentence`` (each row is one sentence) and appends
-    the real stage's output columns with the same Arrow types: embed a fixed unit vector
-    (float32, the encoder's dimension), ``n_tokens`` 0 and ``truncated`` false; classify
-    the first label with uniform probabilities. Rows say ``gpu-model`` and ``modelled``.
-    """
+class FaultyStage(_Standin):
+    """The real stage, with injected faults: poisoned documents and delays."""
 
     def __init__(
         self,
         inner: Stage,
-        seconds_per_sentence: float,
-        embed: EmbedConfig,
-        classify: ClassifyConfig,
+        doc_ids: tuple[str, ...] = (),
+        call_delay_s: float = 0.0,
+        load_delay_s: float = 0.0,
     ) -> None:
-        if inner.name not in MODELLED_STAGES:
-            raise ValueError(f"no modelled replica for stage {inner.name!r}")
-        # the wrapped stage lends its name and columns only: its setup() never runs
-        self.name = inner.name  # type: ignore[misc]  # the wrapper stands in for the stage
-        self.input_columns = inner.input_columns  # type: ignore[misc]
-        self.output_columns = inner.output_columns  # type: ignore[misc]
-        self.keeps_input = inner.keeps_input  # type: ignore[misc]
-        self.seconds_per_sentence = seconds_per_sentence
-        self.embed_cfg = embed
-        self.classify_cfg = classify
-        self.dim = 0
-        self.labels: list[str] = []
+        super().__init__(inner)
+        self.doc_ids = pa.array(sorted(doc_ids), pa.string())
+        self.call_delay_s = call_delay_s
+        self.load_delay_s = load_delay_s
 
     def setup(self) -> None:
-        if self.name == "embed":
-            self.dim = embedding_dim(self.embed_cfg.resolved_model_path())
-        else:
-            self.labels, _ = read_classifier_meta(self.classify_cfg.resolved_model_dir())
+        time.sleep(self.load_delay_s)
+        self.inner.setup()
+        self.backend = self.inner.backend
+        self.version = self.inner.version
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if self.call_delay_s:
+            time.sleep(self.call_delay_s)
+        if len(self.doc_ids):
+            hit = pc.filter(table[DOC_ID], pc.is_in(table[DOC_ID], value_set=self.doc_ids))
+            if len(hit):
+                raise InjectedFault(
+                    f"injected fault in {self.name} for document {hit[0].as_py()!r}"
+                )
+        return self.inner(table)
+
+
+# The earlier name of the poisoning wrapper (tests and benches used it).
+PoisonedStage = FaultyStage
+
+
+class ModelledStage(_Standin):
+    """A GPU replica of a model stage that computes nothing (benchmarks only).
+
+    ``setup()`` builds the placeholder columns from the model's shape only (the encoder's
+    hidden size from its config.json, the classifier's labels.json); torch and TensorFlow
+    are never imported. A call sleeps ``rows x seconds_per_sentence`` (each row is one
+    sentence) and appends the real stage's output columns with the same Arrow types.
+    Rows say ``gpu-model`` and ``modelled``.
+    """
+
+    def __init__(
+        self, inner: Stage, seconds_per_sentence: float, placeholder: Placeholder, cfg: Config
+    ) -> None:
+        super().__init__(inner)  # lends its name and columns only: its setup() never runs
+        self.seconds_per_sentence = seconds_per_sentence
+        self.placeholder = placeholder
+        self.cfg = cfg
+        self.columns: Callable[[int], dict[str, pa.Array]] | None = None
+
+    def setup(self) -> None:
+        self.columns = self.placeholder(self.cfg)
         self.backend = BACKEND_GPU_MODEL
         self.version = MODELLED_VERSION
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        assert self.columns is not None, "setup() first"
         n = table.num_rows
         time.sleep(n * self.seconds_per_sentence)
-        if self.name == "embed":
-            unit = np.full(self.dim, 1.0 / math.sqrt(self.dim), np.float32)
-            columns = {
-                EMBEDDING: _fixed_size_rows(unit, n),
-                N_TOKENS: pa.array(np.zeros(n, np.int32)),
-                TRUNCATED: pa.array(np.zeros(n, bool)),
-            }
-        else:
-            k = len(self.labels)
-            columns = {
-                LABEL: pa.array([self.labels[0]] * n, pa.string()),
-                SCORE: pa.array(np.full(n, 1.0 / k, np.float32)),
-                PROBS: _fixed_size_rows(np.full(k, 1.0 / k, np.float32), n),
-            }
-        for name, column in columns.items():
+        for name, column in self.columns(n).items():
             table = table.append_column(name, column)
         return table
 
+    def teardown(self) -> None:
+        self.columns = None
 
-def _fixed_size_rows(row: np.ndarray, n: int) -> pa.FixedSizeListArray:
-    """``n`` copies of ``row`` as a fixed-size list<float32> column."""
-    flat = pa.array(np.tile(row, n), pa.float32())
-    return pa.FixedSizeListArray.from_arrays(flat, len(row))
+
+def wrap(stage: Stage, cfg: Config, pool_kind: str, placeholder: Placeholder | None) -> Stage:
+    """``stage`` with the ``[faults]`` that apply to its pool; unchanged when none do."""
+    faults: FaultsConfig = cfg.faults
+    gpu = pool_kind == "gpu"
+    if gpu and faults.gpu_model_s_per_sentence > 0 and placeholder is not None:
+        stage = ModelledStage(stage, faults.gpu_model_s_per_sentence, placeholder, cfg)
+    poison = faults.poison_doc_ids if faults.poison_stage == stage.name else ()
+    call_delay = faults.gpu_delay_s if gpu else 0.0
+    load_delay = faults.load_delay_s if faults.load_delay_stage == stage.name else 0.0
+    if poison or call_delay or load_delay:
+        stage = FaultyStage(stage, poison, call_delay, load_delay)
+    return stage

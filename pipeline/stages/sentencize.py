@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -69,6 +70,19 @@ def load_spacy(name: str) -> Any:
     if not any(nlp.has_pipe(c) for c in _SENT_COMPONENTS):
         nlp.add_pipe("sentencizer")
     return nlp
+
+
+def check_spacy_model(name: str) -> None:
+    """On the driver, before any work: a named spaCy pipeline is installed (or a folder)."""
+    if name.startswith("blank:"):
+        return
+    import spacy.util
+
+    if not (spacy.util.is_package(name) or Path(name).is_dir()):
+        raise ModelError(
+            f"spaCy pipeline {name!r} is not installed; install its package "
+            'or use [sentencize] spacy_model = "blank:en"'
+        )
 
 
 def _too_many(doc: str, n: int, cap: int) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.pipeline import compact
+from docintel.pipeline.sink import ParquetPartsSink, part_path
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 FS = pafs.LocalFileSystem()
@@ -81,6 +82,7 @@ def test_small_parts_are_merged_into_groups_near_the_target(
             .equals(b.drop(columns=["embedding"], errors="ignore").reset_index(drop=True))
         )
     assert manifest["counts"] == plain_manifest["counts"]
+    assert manifest["stages"] == ["sentencize", "embed", "classify"]  # the chain, in order
 
 
 def _staged_crash(out: Path, keep_members: bool, drop_merged_documents: bool) -> None:
@@ -88,10 +90,11 @@ def _staged_crash(out: Path, keep_members: bool, drop_merged_documents: bool) ->
     (out / "_manifest.json").unlink()  # the crash came before the commit
     saved = out.parent / "saved"
     shutil.copytree(out, saved)
-    group = compact.plan_groups(FS, str(out), 10 * 2**20)[0]
-    compact.merge_group(FS, str(out), group)
+    sink = ParquetPartsSink(FS, str(out), part_target_bytes=10 * 2**20)
+    group = sink.plan_groups()[0]
+    sink.merge_group(group)
     if drop_merged_documents:  # died after the errors and sentences merges: every
-        (out / "documents" / f"part-{group.name}.parquet").unlink()  # member is still there
+        Path(part_path(str(out), "documents", group.name)).unlink()  # member is still there
     if keep_members:  # died before deleting the members' own parts (or some of them)
         step = 1 if drop_merged_documents else 2
         for table in TABLES:
@@ -131,18 +134,19 @@ def test_recover_keeps_the_merged_copy_and_drops_orphans(
 ) -> None:
     out = _copy(plain, tmp_path / "out")
     _staged_crash(out, keep_members=True, drop_merged_documents=False)
-    merged = compact.recover(FS, str(out))
+    merged = ParquetPartsSink(FS, str(out)).settle()
     assert len(merged) == 12 and all(s.documents == 2 for s in merged.values())
     files = _files(out)
     assert all(len(f) == 1 for f in files.values()), files  # the members' copies are gone
 
     out2 = _copy(plain, tmp_path / "out2")
     _staged_crash(out2, keep_members=True, drop_merged_documents=True)
-    assert compact.recover(FS, str(out2)) == {}
+    assert ParquetPartsSink(FS, str(out2)).settle() == {}
     assert {t: len(f) for t, f in _files(out2).items()} == dict.fromkeys(TABLES, 12)
 
 
 def test_batches_at_half_the_target_or_more_are_left_alone(plain: tuple[Path, dict]) -> None:
+    """Through pipeline/compact.py, the entry point tools use: the sink's own planning."""
     out = plain[0]
     sizes = [
         sum((out / t / p.name).stat().st_size for t in TABLES)

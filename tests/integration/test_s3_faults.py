@@ -361,9 +361,9 @@ def _mark_phases(proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     original = docintel.actors.cluster.ray_session
 
     @contextlib.contextmanager
-    def marked(cfg: Config) -> Iterator[None]:
+    def marked(cfg: Config, shape: object = None) -> Iterator[None]:
         proxy.phase = "ray"
-        with original(cfg):
+        with original(cfg, shape):
             yield
         proxy.phase = "commit"
 

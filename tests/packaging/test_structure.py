@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -332,18 +332,24 @@ def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef
             yield node
 
 
-def test_jobs_functions_are_short() -> None:
-    """Every function or method in jobs/ (nested ones too) spans at most 60 lines, from its
-    ``def`` line (decorators excluded) to its last line."""
+def _long_functions(*packages: str) -> list[str]:
+    """Functions or methods (nested ones too) in ``packages`` spanning more than 60 lines,
+    from the ``def`` line (decorators excluded) to the last line."""
     long: list[str] = []
     for name, path in source_files().items():
-        if not _is_in(name, f"{NAMESPACE}.jobs"):
+        if not any(_is_in(name, f"{NAMESPACE}.{p}") for p in packages):
             continue
         for fn in _functions(parsed(name)):
             assert fn.end_lineno is not None
             length = fn.end_lineno - fn.lineno + 1
             if length > MAX_FUNCTION_LINES:
                 long.append(f"{path.relative_to(REPO)}:{fn.lineno} {fn.name}() {length} lines")
+    return long
+
+
+def test_jobs_functions_are_short() -> None:
+    """Entry points delegate: they do not grow a second pipeline."""
+    long = _long_functions("jobs")
     assert not long, f"functions in jobs/ longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(
         long
     )
@@ -358,3 +364,59 @@ def test_no_bare_folder_imports() -> None:
         if imp.level == 0 and imp.target.split(".")[0] in BARE_NAMES
     ]
     assert not bad, "bare folder imports (use docintel.<folder>):\n" + "\n".join(bad)
+
+
+def test_pipeline_and_actors_functions_are_short() -> None:
+    """A long function in pipeline/ or actors/ is a second pipeline growing in one step."""
+    long = _long_functions("pipeline", "actors")
+    assert not long, f"functions longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (module, class, function)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _modules_with_strings(match: Callable[[str], bool]) -> dict[str, list[str]]:
+    """module -> file:line of every string literal (docstrings aside) that ``match``es."""
+    found: dict[str, list[str]] = {}
+    for name, path in source_files().items():
+        tree = parsed(name)
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in skip
+                and match(node.value)
+            ):
+                found.setdefault(name, []).append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+# One home per stage: the registry, and each built-in stage's own module (classify's cache
+# subfolder name in artefacts.py is an on-disk name, the one other place allowed).
+MAX_STAGE_NAME_MODULES = 5
+
+
+def test_stage_names_are_spelled_in_few_modules() -> None:
+    from docintel.pipeline.registry import BUILTIN_NAMES
+
+    found = _modules_with_strings(lambda s: s in BUILTIN_NAMES)
+    listing = "\n".join(f"{m}: {', '.join(w)}" for m, w in sorted(found.items()))
+    assert len(found) <= MAX_STAGE_NAME_MODULES, (
+        f"stage names {BUILTIN_NAMES} are spelled as string literals in {len(found)} modules "
+        f"(at most {MAX_STAGE_NAME_MODULES}: the registry and the stages' own):\n{listing}"
+    )
+
+
+def test_part_file_naming_is_known_by_one_module() -> None:
+    found = _modules_with_strings(lambda s: "part-" in s)
+    listing = "\n".join(f"{m}: {', '.join(w)}" for m, w in sorted(found.items()))
+    assert len(found) == 1, f"`part-` file naming is spelled in {len(found)} modules:\n{listing}"

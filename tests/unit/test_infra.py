@@ -51,13 +51,15 @@ from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.layout import (
     CPU_POOL,
     GPU_POOL,
-    INT8_STAGES,
     ClusterShape,
     NodeShape,
     Pool,
     stage_layout,
 )
-from docintel.pipeline.schema import STAGES
+from docintel.pipeline.registry import BUILTIN, BUILTIN_NAMES
+
+STAGES = BUILTIN_NAMES
+INT8_STAGES = tuple(s.name for s in BUILTIN if s.int8)  # stages with an int8 CPU backend
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"

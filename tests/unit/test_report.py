@@ -23,7 +23,6 @@ from docintel.pipeline.report import aggregate, write_report
 from docintel.pipeline.report.keys import NO_TOP_LABEL
 from docintel.pipeline.schema import (
     ERRORS_SCHEMA,
-    STAGES,
     documents_schema,
     label_count_column,
     sentences_schema,
@@ -31,6 +30,7 @@ from docintel.pipeline.schema import (
 
 LABELS = ["Bearish", "Bullish", "Neutral"]
 RISK = "Bearish"
+STAGES = ("sentencize", "embed", "classify")  # the chain that made the run, in order
 SCRIPT_TEXT = "Shares crash <script>alert('x')</script> & more"
 BACKENDS = {
     "sentencize": {"gpu-sim": 3, "cpu-fp32": 1},
@@ -119,7 +119,7 @@ def make_run(
                 )
         for table, rows, schema in (
             ("errors", errs, ERRORS_SCHEMA),
-            ("sentences", sents, sentences_schema(None)),
+            ("sentences", sents, sentences_schema(None, STAGES)),
             ("documents", docs, docs_schema),
         ):
             (root / table).mkdir(parents=True, exist_ok=True)
@@ -252,6 +252,39 @@ def test_report_json_matches_the_tables(
 
     assert len(rep["trend"]) == 1
     assert rep["trend"][0]["shares"] == rep["label_shares"]
+
+
+@pytest.mark.parametrize(
+    ("stages", "order"),
+    [
+        (
+            ["sentencize", "embed", "keywords", "classify"],
+            ["sentencize", "embed", "keywords", "classify"],
+        ),
+        (None, ["keywords", "classify", "embed", "sentencize"]),
+    ],
+    ids=["manifest-stages", "recorded-order"],
+)
+def test_backend_share_follows_the_chain(
+    run_root: Path, tmp_path: Path, stages: list[str] | None, order: list[str]
+) -> None:
+    """Stages are reported in the run's chain order (the manifest's ``stages``); an older
+    manifest without it keeps the order its backends were recorded in."""
+    path = run_root / "_manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["backends"] = {
+        "keywords": {"cpu-fp32": 4},
+        **{s: BACKENDS[s] for s in reversed(STAGES[1:])},
+        "sentencize": BACKENDS["sentencize"],
+    }
+    if stages is not None:
+        manifest["stages"] = stages
+    path.write_text(json.dumps(manifest))
+    rep = _report(tmp_path, run_root)
+    assert list(rep["backend_share"]) == order
+    assert rep["backend_share"]["keywords"] == {
+        "batches": 4, "gpu": 0.0, "cpu_int8": 0.0, "cpu_other": 1.0,
+    }  # fmt: skip
 
 
 def test_html_is_self_contained_and_escaped(run_root: Path, tmp_path: Path) -> None:

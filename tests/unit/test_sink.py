@@ -1,4 +1,5 @@
-"""Sink: the documents table contract, writing a batch, and reading it back as users do.
+"""Sink: the documents table contract, writing a batch, and reading it back as users do;
+the Parquet-parts sink's run protocol (start, resume, finish, commit) without Ray.
 
 The batch is made by the real chain: a real Parquet file read with read_unit (so a read
 error is a real one), then sentencize, embed and classify through run_stage.
@@ -6,8 +7,11 @@ error is a real one), then sentencize, embed and classify through run_stage.
 
 from __future__ import annotations
 
+import json
 import math
+import pickle
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -19,6 +23,7 @@ import pytest
 
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.errors import UsageError
 from docintel.pipeline.schema import (
     DOC_ID,
     ERRORS_SCHEMA,
@@ -28,19 +33,25 @@ from docintel.pipeline.schema import (
     sentences_schema,
 )
 from docintel.pipeline.sink import (
+    ParquetPartsSink,
     atomic_write,
     documents_table,
+    in_process,
+    part_files,
     part_path,
     read_batch_stats,
     read_manifest,
     resolve_output,
+    sentences_table,
     write_batch,
     write_manifest,
 )
 from docintel.pipeline.source import plan, read_unit, resolve_input
 from docintel.pipeline.stages import run_stage
+from docintel.pipeline.stages.base import Stage
 
 STORAGE = StorageConfig()  # defaults: these tests write local files only
+CHAIN = ("sentencize", "embed", "classify")  # the built-in stages, in chain order
 
 DOCS = {
     "multi": b"Revenue rose 5% in Q2. Margins fell sharply. Guidance was cut! Shares dropped.",
@@ -147,7 +158,7 @@ def test_write_batch_and_read_back(tmp_path, finished_batch, classifier):
     sentences = ds.dataset(str(tmp_path / "out" / "sentences"), format="parquet").to_table()
     errors = ds.dataset(str(tmp_path / "out" / "errors"), format="parquet").to_table()
     assert documents.schema.equals(documents_schema(labels), check_metadata=False)
-    assert sentences.schema.equals(sentences_schema(384), check_metadata=False)
+    assert sentences.schema.equals(sentences_schema(384, CHAIN), check_metadata=False)
     assert errors.schema.equals(ERRORS_SCHEMA, check_metadata=False)
     assert documents[DOC_ID].to_pylist() == list(DOCS)
     assert sentences.num_rows == finished_batch.table.num_rows
@@ -184,7 +195,7 @@ def test_write_batch_without_embeddings(tmp_path, finished_batch, classifier):
     sentences = pq.read_table(part_path(root, "sentences", finished_batch.batch_id))
     assert "embedding" not in sentences.column_names
     assert "probs" not in sentences.column_names
-    assert sentences.schema.equals(sentences_schema(None), check_metadata=False)
+    assert sentences.schema.equals(sentences_schema(None, CHAIN), check_metadata=False)
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path):
@@ -258,3 +269,95 @@ def test_documents_table_after_a_stage_error(sentencizer, embedder, classifier, 
     }
     assert batch.errors[DOC_ID].to_pylist() == ["poison"]
     assert batch.errors["stage"].to_pylist() == ["poison_test"]
+
+
+def test_sentences_schema_of_the_built_in_chain_is_unchanged(finished_batch):
+    """The three built-in stages write exactly the contract's columns, in its order: no
+    column of the flowing table leaks out as a user-defined one."""
+    assert list(finished_batch.backends) == list(CHAIN)
+    sents = sentences_table(finished_batch, embeddings=True)
+    assert sents.schema.equals(sentences_schema(384, CHAIN), check_metadata=False)
+    assert sents.schema.names[-6:] == [f"{s}_backend" for s in CHAIN] + [
+        f"{s}_model" for s in CHAIN
+    ]
+
+
+class KeywordStage(Stage):
+    """Test-only user-defined stage after classify: counts keyword hits per sentence."""
+
+    name: ClassVar[str] = "keywords"
+    input_columns: ClassVar[tuple[str, ...]] = (TEXT,)
+    output_columns: ClassVar[tuple[str, ...]] = ("keyword_hits",)
+
+    def setup(self) -> None:
+        self.backend = "cpu-fp32"
+        self.version = "keywords@2"
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        hits = [t.lower().count("sales") for t in table[TEXT].to_pylist()]
+        return table.append_column("keyword_hits", pa.array(hits, pa.int32()))
+
+
+def test_a_user_stage_column_and_its_backend_are_written(tmp_path, finished_batch, classifier):
+    stage = KeywordStage()
+    stage.setup()
+    batch = run_stage(stage, finished_batch)
+    fs, root = resolve_output(str(tmp_path / "out"), STORAGE)
+    write_batch(fs, root, batch, classifier.labels, embeddings=False)
+    got = pq.read_table(part_path(root, "sentences", batch.batch_id))
+    chain = (*CHAIN, "keywords")
+    extra = [pa.field("keyword_hits", pa.int32())]
+    assert got.schema.equals(sentences_schema(None, chain, extra), check_metadata=False)
+    assert got.schema.field("keyword_hits").type == pa.int32()
+    assert got.schema.names[-8:] == [f"{s}_backend" for s in chain] + [f"{s}_model" for s in chain]
+    assert set(got["keywords_backend"].to_pylist()) == {"cpu-fp32"}
+    assert set(got["keywords_model"].to_pylist()) == {"keywords@2"}
+    expected = [t.lower().count("sales") for t in got[TEXT].to_pylist()]
+    assert got["keyword_hits"].to_pylist() == expected
+    assert max(expected) > 1  # the long document repeats it
+
+
+def _sink(tmp_path: Path, labels: list[str], target: int = 0) -> ParquetPartsSink:
+    fs, root = resolve_output(str(tmp_path / "out"), STORAGE)
+    return ParquetPartsSink(fs, root, tuple(labels), True, target)
+
+
+def _renamed(batch: Batch, batch_id: str) -> Batch:
+    return Batch(batch_id, batch.doc_ids, batch.table, batch.errors, {}, batch.backends,
+                 batch.versions)  # fmt: skip
+
+
+def test_parquet_parts_sink_run_protocol(tmp_path, finished_batch, classifier):
+    """start -> write -> resume (an earlier invocation's batches, from footers) -> finish
+    (merged) -> commit, all through the RunSink interface, in this process."""
+    sink = _sink(tmp_path, classifier.labels, target=10 * 2**20)
+    assert len(pickle.dumps(sink)) < 2_000  # travels to every write task
+    assert sink.open().manifest is None and sink.open().state is None
+    sink.start({"run_id": "r1", "input": "x"})
+    assert sink.open().state == {"run_id": "r1", "input": "x"}
+    ids = ["aaaa-00000-00000", "aaaa-00000-00001", "aaaa-00001-00000"]
+    written = {b: sink.write(_renamed(finished_batch, b)) for b in ids}
+    again = sink.resume()
+    assert set(again) == set(ids)
+    assert {b: (s.documents, s.errors, s.backends) for b, s in again.items()} == {
+        b: (s.documents, s.errors, s.backends) for b, s in written.items()
+    }
+    did = sink.finish(in_process)
+    assert (did["merged_groups"], did["merged_batches"], did["parts_removed"]) == (1, 3, 9)
+    files = sink.table_files()
+    assert {t: f["files"] for t, f in files.items()} == dict.fromkeys(files, 1)
+    assert set(sink.resume()) == set(ids)  # the merged footer holds every member's stats
+    docs = ds.dataset(part_files(sink.fs, sink.root, "documents"), format="parquet")
+    assert docs.to_table()[DOC_ID].to_pylist() == list(DOCS) * 3
+    sink.commit({"run_id": "r1"})
+    assert sink.open().manifest == {"run_id": "r1"}
+    assert json.loads((tmp_path / "out" / "_manifest.json").read_text()) == {"run_id": "r1"}
+
+
+def test_parquet_parts_sink_refuses_foreign_tables(tmp_path, finished_batch, classifier):
+    sink = _sink(tmp_path, classifier.labels)
+    sink.write(finished_batch)  # tables, but no run state: not a run of ours
+    with pytest.raises(UsageError, match="already holds docintel tables"):
+        sink.start({"run_id": "r2", "input": "x"})
+    sink.abort()  # nothing to undo: the batch stays, whole
+    assert read_batch_stats(sink.fs, sink.root, finished_batch.batch_id).documents == len(DOCS)

@@ -1,0 +1,522 @@
+"""Every stage of the pipeline, declared once: the one place that knows the built-in stages.
+
+A :class:`StageSpec` says everything the rest of docintel needs to know about a stage:
+
+* its class (a :class:`~docintel.pipeline.stages.Stage`: name, input and output columns;
+  the chain check reads them before any model loads);
+* how its auto-sized CPU pool grows (``heavy``: one replica per round, the encoder; light
+  stages one every ``EMBED_REPLICAS_PER_LIGHT_REPLICA`` rounds) and whether its CPU replicas
+  can run an int8 copy when they are a spill pool;
+* its **backends**: named builders of the stage object a pool's replicas hold, each with
+  the derived artefacts it loads (fused fp32 ONNX graphs, int8 copies) and how to build
+  them; ``choose`` picks the backend for a pool;
+* ``check``: the driver-side check of its model (before any work) and what the run learns
+  from it (the model version, the classifier's labels);
+* ``placeholder``: the columns a modelled GPU replica writes (benchmarks only).
+
+The pool settings live in ``[resources.<name>]`` and the stage's own settings in its
+config section (built-in stages) or in ``[stages.<name>]`` (user-defined stages: keyword
+arguments of the class). Everything else (layout, plan, actors, executor, sink, metrics)
+iterates :func:`chain`: no other module spells a stage's name.
+
+User-defined stages join the chain through ``[pipeline] stages``: a ``module:Class`` path
+or the name of an entry point in the group ``docintel.stages``. Their class subclasses
+``docintel.pipeline.stages.Stage`` and is constructed with the ``[stages.<name>]`` table
+as keyword arguments; they run as their own pool, CPU replicas unless
+``[resources.<name>]`` asks for GPU ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from docintel.pipeline.artefacts import (
+    FP32_MODEL_FILE,
+    INT8_MODEL_FILE,
+    classifier_fp32_path,
+    classifier_int8_path,
+)
+from docintel.pipeline.config import Config
+from docintel.pipeline.errors import ConfigError, ModelError
+from docintel.pipeline.schema import (
+    BACKEND_CPU_FP32,
+    BACKEND_GPU_FP32,
+    BACKEND_GPU_SIM,
+    DOC_ID,
+    EMBEDDING,
+    END_CHAR,
+    LABEL,
+    N_TOKENS,
+    PROBS,
+    SCORE,
+    SENT_INDEX,
+    START_CHAR,
+    TEXT,
+    TRUNCATED,
+)
+from docintel.pipeline.stages.base import Placement, Stage, cuda_available
+from docintel.pipeline.stages.classify import (
+    Classifier,
+    Int8Classifier,
+    OnnxClassifier,
+    check_head_encoder,
+    read_classifier_meta,
+)
+from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, embedding_dim
+from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
+from docintel.pipeline.stages.sentencize import Sentencizer, check_spacy_model
+from docintel.pipeline.versions import fingerprint
+
+if TYPE_CHECKING:
+    from docintel.pipeline.layout import Pool
+
+ENTRY_POINT_GROUP = "docintel.stages"
+# A small MLP gains nothing from intra-op parallelism; one thread (TF, or ORT for the ONNX
+# copies) leaves cores to the encoder running beside it.
+CLASSIFY_THREADS = 1
+# Stage names become column names (<name>_backend) and actor names: keep them plain.
+STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+# Columns the sink needs at the end of the chain (the output contract's sentences table).
+SINK_COLUMNS = (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR, TEXT, EMBEDDING, N_TOKENS, TRUNCATED)
+SINK_COLUMNS += (LABEL, SCORE, PROBS)
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """A model built from another one (a fused ONNX graph, an int8 copy) that a backend
+    loads: cached by the source model's version, built once on the driver if missing."""
+
+    what: str
+    path: Path
+    build: Callable[[], object]  # imports the frameworks it needs
+    int8: bool = False
+    stage: str = ""  # the stage whose replicas load it (set when a layout is read)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to run a stage: the stage object a pool's replicas hold, and the derived
+    artefacts it loads."""
+
+    build: Callable[[Config, Pool], Stage]
+    artefacts: Callable[[Config], list[Artefact]] = lambda _cfg: []
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """What the driver learns when it checks a stage's model before any work."""
+
+    version: str | None = None  # the model's version, where the driver can know it
+    labels: list[str] | None = None  # the classifier's label names (documents columns)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage, declared once (see the module docstring)."""
+
+    name: str
+    cls: type[Stage]
+    backends: Mapping[str, Backend]
+    choose: Callable[[Config, Pool], str]
+    heavy: bool = False
+    int8: bool = False  # its CPU replicas can run an int8 copy (a spill pool)
+    check: Callable[[Config], StageFacts] = lambda _cfg: StageFacts()
+    placeholder: Callable[[Config], Callable[[int], dict[str, pa.Array]]] | None = None
+    builtin: bool = True
+    settings: Mapping[str, Any] = field(default_factory=dict)  # [stages.<name>]
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        return tuple(self.cls.input_columns)
+
+    @property
+    def output_columns(self) -> tuple[str, ...]:
+        return tuple(self.cls.output_columns)
+
+    def backend_for(self, cfg: Config, pool: Pool) -> Backend:
+        return self.backends[self.choose(cfg, pool)]
+
+    def build(self, cfg: Config, pool: Pool) -> Stage:
+        """The stage object one replica of ``pool`` holds (config only)."""
+        return self.backend_for(cfg, pool).build(cfg, pool)
+
+
+# --- the built-in stages -----------------------------------------------------------------
+
+
+def _placement(pool: Pool) -> Placement:
+    return Placement(pool.kind, pool.gpu_fraction)
+
+
+def _choose_model_backend(runtime: Callable[[Config], str]) -> Callable[[Config, Pool], str]:
+    """GPU pools run the framework itself; CPU pools int8 or fp32, fp32 as ``runtime``
+    (``[embed|classify] cpu_runtime``) says: ONNX by default."""
+
+    def choose(cfg: Config, pool: Pool) -> str:
+        if pool.kind == "gpu":
+            return "gpu"
+        if pool.precision == "int8":
+            return "onnx-int8"
+        return "onnx-fp32" if runtime(cfg) == "onnx" else "cpu"
+
+    return choose
+
+
+def _quantize(kind: str, cfg: Config) -> object:
+    from docintel.pipeline.offline import quantize
+
+    folder = cfg.embed.resolved_int8_dir()
+    builders = {
+        "fp32": lambda: quantize.build_fp32(cfg.embed.resolved_model_path(), folder),
+        "int8": lambda: quantize.build_int8(cfg.embed.resolved_model_path(), folder),
+        "fp32-head": lambda: quantize.build_fp32_classifier(
+            cfg.classify.resolved_model_dir(), folder
+        ),
+        "int8-head": lambda: quantize.build_int8_classifier(
+            cfg.classify.resolved_model_dir(), folder
+        ),
+    }
+    return builders[kind]()
+
+
+def _encoder_artefact(what: str, file: str, kind: str) -> Callable[[Config], list[Artefact]]:
+    def artefacts(cfg: Config) -> list[Artefact]:
+        path = cfg.embed.resolved_int8_dir() / file
+        return [Artefact(what, path, partial(_quantize, kind, cfg), int8=kind == "int8")]
+
+    return artefacts
+
+
+def _head_artefact(what: str, int8: bool) -> Callable[[Config], list[Artefact]]:
+    def artefacts(cfg: Config) -> list[Artefact]:
+        where = classifier_int8_path if int8 else classifier_fp32_path
+        path = where(cfg.embed.resolved_int8_dir(), cfg.classify.resolved_model_dir())
+        kind = "int8-head" if int8 else "fp32-head"
+        return [Artefact(what, path, partial(_quantize, kind, cfg), int8=int8)]
+
+    return artefacts
+
+
+def _check_sentencize(cfg: Config) -> StageFacts:
+    check_spacy_model(cfg.sentencize.spacy_model)
+    return StageFacts(version=cfg.sentencize.spacy_model)
+
+
+def _check_embed(cfg: Config) -> StageFacts:
+    path = cfg.embed.resolved_model_path()
+    check_encoder_dir(path)
+    return StageFacts(version=fingerprint(path))
+
+
+def _check_classify(cfg: Config) -> StageFacts:
+    """The head's labels; refused when it was trained on another encoder or dimension."""
+    embed_path = cfg.embed.resolved_model_path()
+    clf_dir = cfg.classify.resolved_model_dir()
+    labels, training = read_classifier_meta(clf_dir)
+    dim = embedding_dim(embed_path)
+    if training.get("embedding_dim") != dim:
+        raise ModelError(
+            f"classifier {clf_dir} was trained on {training.get('embedding_dim')}-d embeddings "
+            f"but the embedder {embed_path} makes {dim}-d ones; train a matching head with "
+            "`docintel train DATA --out DIR` and set [classify] model_dir"
+        )
+    check_head_encoder(clf_dir, embed_path)  # another encoder's head: refused, not warned
+    return StageFacts(version=fingerprint(clf_dir), labels=labels)
+
+
+def _fixed_size_rows(row: np.ndarray, n: int) -> pa.FixedSizeListArray:
+    """``n`` copies of ``row`` as a fixed-size list<float32> column."""
+    flat = pa.array(np.tile(row, n), pa.float32())
+    return pa.FixedSizeListArray.from_arrays(flat, len(row))
+
+
+def _embed_placeholder(cfg: Config) -> Callable[[int], dict[str, pa.Array]]:
+    """A fixed unit vector of the encoder's size, 0 tokens, not truncated (no torch)."""
+    dim = embedding_dim(cfg.embed.resolved_model_path())
+    unit = np.full(dim, 1.0 / math.sqrt(dim), np.float32)
+
+    def columns(n: int) -> dict[str, pa.Array]:
+        return {
+            EMBEDDING: _fixed_size_rows(unit, n),
+            N_TOKENS: pa.array(np.zeros(n, np.int32)),
+            TRUNCATED: pa.array(np.zeros(n, bool)),
+        }
+
+    return columns
+
+
+def _classify_placeholder(cfg: Config) -> Callable[[int], dict[str, pa.Array]]:
+    """The first label with uniform probabilities (no TensorFlow)."""
+    labels, _ = read_classifier_meta(cfg.classify.resolved_model_dir())
+    k = len(labels)
+
+    def columns(n: int) -> dict[str, pa.Array]:
+        return {
+            LABEL: pa.array([labels[0]] * n, pa.string()),
+            SCORE: pa.array(np.full(n, 1.0 / k, np.float32)),
+            PROBS: _fixed_size_rows(np.full(k, 1.0 / k, np.float32), n),
+        }
+
+    return columns
+
+
+SENTENCIZE = StageSpec(
+    name=Sentencizer.name,
+    cls=Sentencizer,
+    backends={"spacy": Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
+    choose=lambda _cfg, _pool: "spacy",
+    check=_check_sentencize,
+)
+
+EMBED = StageSpec(
+    name=Embedder.name,
+    cls=Embedder,
+    backends={
+        "gpu": Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, _placement(p))),
+        "cpu": Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, Placement())),
+        "onnx-fp32": Backend(
+            lambda cfg, p: OnnxEmbedder(cfg.embed, cfg.embed.resolved_int8_dir(), p.replicas),
+            _encoder_artefact("fused fp32 ONNX encoder", FP32_MODEL_FILE, "fp32"),
+        ),
+        "onnx-int8": Backend(
+            lambda cfg, p: Int8Embedder(cfg.embed, cfg.embed.resolved_int8_dir(), p.replicas),
+            _encoder_artefact("int8 encoder", INT8_MODEL_FILE, "int8"),
+        ),
+    },
+    choose=_choose_model_backend(lambda cfg: cfg.embed.cpu_runtime),
+    heavy=True,
+    int8=True,
+    check=_check_embed,
+    placeholder=_embed_placeholder,
+)
+
+CLASSIFY = StageSpec(
+    name=Classifier.name,
+    cls=Classifier,
+    backends={
+        "gpu": Backend(lambda cfg, p: Classifier(cfg.classify, CLASSIFY_THREADS, _placement(p))),
+        "cpu": Backend(lambda cfg, _p: Classifier(cfg.classify, CLASSIFY_THREADS, Placement())),
+        "onnx-fp32": Backend(
+            lambda cfg, _p: OnnxClassifier(
+                cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS
+            ),
+            _head_artefact("fp32 ONNX classifier", int8=False),
+        ),
+        "onnx-int8": Backend(
+            lambda cfg, _p: Int8Classifier(
+                cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS
+            ),
+            _head_artefact("int8 classifier", int8=True),
+        ),
+    },
+    choose=_choose_model_backend(lambda cfg: cfg.classify.cpu_runtime),
+    int8=True,
+    check=_check_classify,
+    placeholder=_classify_placeholder,
+)
+
+BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, EMBED, CLASSIFY)
+BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
+
+
+# --- user-defined stages -------------------------------------------------------------------
+
+
+class UserStage(Stage):
+    """A user-defined stage as its replicas hold it: the user's object, with the backend
+    and version the rows record filled in where the stage names none (its pool: cpu-fp32,
+    gpu-fp32, or gpu-sim without CUDA; the class's ``module:Class`` path)."""
+
+    def __init__(self, inner: Stage, kind: str) -> None:
+        self.inner = inner
+        self.kind = kind
+        self.name = inner.name  # type: ignore[misc]  # the wrapper stands in for the stage
+        self.input_columns = tuple(inner.input_columns)  # type: ignore[misc]
+        self.output_columns = tuple(inner.output_columns)  # type: ignore[misc]
+        self.keeps_input = inner.keeps_input  # type: ignore[misc]
+
+    def setup(self) -> None:
+        self.inner.setup()
+        backend = self.inner.backend
+        if backend == Stage.backend:  # not set by the stage: say where it ran
+            if self.kind != "gpu":
+                backend = BACKEND_CPU_FP32
+            else:
+                backend = BACKEND_GPU_FP32 if cuda_available() else BACKEND_GPU_SIM
+        self.backend = backend
+        version = self.inner.version
+        cls = type(self.inner)
+        self.version = version if version != Stage.version else f"{cls.__module__}:{cls.__name__}"
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return self.inner(table)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def _load_class(entry: str) -> type:
+    """The class an entry names: ``module:Class``, or an entry point of the group
+    ``docintel.stages``."""
+    where = f"[pipeline] stages entry {entry!r}"
+    if ":" in entry:
+        module_name, _, attr = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(f"{where}: cannot import module {module_name!r} ({e})") from e
+        try:
+            return getattr(module, attr)
+        except AttributeError as e:
+            raise ConfigError(f"{where}: module {module_name!r} has no {attr!r}") from e
+    points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=entry)
+    if not points:
+        known = ", ".join(BUILTIN_NAMES)
+        raise ConfigError(
+            f"{where} is neither a built-in stage ({known}), a `module:Class` path, nor an "
+            f"installed entry point of the group {ENTRY_POINT_GROUP!r}"
+        )
+    try:
+        return next(iter(points)).load()
+    except Exception as e:  # an entry point's import runs user code: any error is theirs
+        raise ConfigError(f"{where}: loading its entry point failed: {e!r}") from e
+
+
+def _user_spec(entry: str, cfg: Config) -> StageSpec:
+    cls = _load_class(entry)
+    where = f"[pipeline] stages entry {entry!r}"
+    if not (isinstance(cls, type) and issubclass(cls, Stage)):
+        raise ConfigError(f"{where} is not a subclass of docintel.pipeline.stages.Stage")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not STAGE_NAME.match(name):
+        raise ConfigError(
+            f"{where}: its class attribute `name` must be a lower-case identifier "
+            f"(letters, digits, _), got {name!r}"
+        )
+    for attr in ("input_columns", "output_columns"):
+        value = getattr(cls, attr, None)
+        if not isinstance(value, tuple | list) or not all(isinstance(c, str) for c in value):
+            raise ConfigError(f"{where}: `{attr}` must be a tuple of column names")
+    settings = dict(cfg.stages.get(name, {}))
+
+    def build(_cfg: Config, pool: Pool) -> Stage:
+        return UserStage(cls(**settings), pool.kind)
+
+    return StageSpec(
+        name=name,
+        cls=cls,
+        backends={"user": Backend(build)},
+        choose=lambda _cfg, _pool: "user",
+        builtin=False,
+        settings=settings,
+    )
+
+
+def chain(cfg: Config) -> list[StageSpec]:
+    """The run's stages in order (``[pipeline] stages``; empty: the built-in chain)."""
+    entries = cfg.pipeline.stages or BUILTIN_NAMES
+    by_name = {s.name: s for s in BUILTIN}
+    specs = [by_name[e] if e in by_name else _user_spec(e, cfg) for e in entries]
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"[pipeline] stages names the stage(s) {dupes} more than once")
+    builtin = [n for n in names if n in by_name]
+    if builtin != list(BUILTIN_NAMES):
+        raise ConfigError(
+            f"[pipeline] stages must hold the built-in stages {list(BUILTIN_NAMES)} in this "
+            f"order (user stages may go between or after them); it has {builtin}"
+        )
+    return specs
+
+
+def spec(cfg: Config, name: str) -> StageSpec:
+    """The stage called ``name`` in this run's chain."""
+    for s in chain(cfg):
+        if s.name == name:
+            return s
+    raise KeyError(name)
+
+
+def stage_names(cfg: Config) -> list[str]:
+    return [s.name for s in chain(cfg)]
+
+
+def _unknown(kind: str, name: str, names: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(
+        f"{kind} names {name!r}, which is not a stage of this pipeline{hint}; its stages "
+        f"are {', '.join(names)}"
+    )
+
+
+def check_config(cfg: Config) -> list[StageSpec]:
+    """The chain, with every stage-keyed setting checked against it: ``[resources.<x>]``,
+    ``[stages.<x>]``, ``[faults]`` stage names; user stages constructed (config only) so a
+    wrong keyword fails here, naming the entry; the columns checked end to end."""
+    specs = chain(cfg)
+    names = [s.name for s in specs]
+    for name in cfg.resources.extra_pools():
+        if name not in names:
+            raise _unknown("a [resources.<stage>] table", name, names)
+    for name in cfg.stages:
+        if name not in names or name in BUILTIN_NAMES:
+            raise _unknown("a [stages.<stage>] table (user stages only)", name, names)
+    for key in ("poison_stage", "load_delay_stage"):
+        value = getattr(cfg.faults, key)
+        if value and value not in names:
+            raise _unknown(f"[faults] {key}", value, names)
+    for s in specs:
+        if not s.builtin:
+            try:
+                s.cls(**s.settings)
+            except Exception as e:  # the user's constructor: any error is a config error
+                raise ConfigError(
+                    f"stage {s.name!r} cannot be constructed with its [stages.{s.name}] "
+                    f"settings {dict(s.settings)}: {e!r}"
+                ) from e
+    check_columns(specs)
+    return specs
+
+
+def check_columns(specs: Sequence[StageSpec]) -> list[str]:
+    """Before any model loads, from the classes' declarations: every stage's inputs
+    exist, user stages add new columns that reach the output, and the chain ends with
+    what the sink writes. Returns the final columns."""
+    from docintel.pipeline.stages.base import check_chain
+
+    final = check_chain([DOC_ID, TEXT], [s.cls for s in specs])
+    missing = [c for c in SINK_COLUMNS if c not in final]
+    if missing:
+        raise ConfigError(f"the stage chain drops the output column(s) {missing}")
+    seen: set[str] = {DOC_ID, TEXT}
+    for s in specs:
+        if not s.builtin:
+            taken = [c for c in s.output_columns if c in seen or c in SINK_COLUMNS]
+            if taken:
+                raise ConfigError(
+                    f"stage {s.name!r} outputs column(s) {taken} that another stage or the "
+                    "output contract already has; give them new names"
+                )
+            lost = [c for c in s.output_columns if c not in final]
+            if lost:
+                raise ConfigError(
+                    f"stage {s.name!r} outputs {lost}, but a later stage drops them (the "
+                    "sentencizer replaces document rows with sentence rows): place it "
+                    "after sentencize"
+                )
+        seen |= set(s.output_columns)
+    return final
