@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from docintel.actors.pools import PoolManager, actor_name, current_shape
 from docintel.actors.resources import check_layout
 from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, Config
+from docintel.pipeline.errors import UsageError
 from docintel.pipeline.layout import ClusterShape, Pool, stage_layout
 
 __all__ = ["actor_name", "current_shape", "ray_session", "stage_pools"]
@@ -61,6 +63,96 @@ def _private_token_file() -> None:
         f.write(secrets.token_hex(TOKEN_BYTES))
 
 
+# The embedded Ray's temp folder (session folders: logs, sockets, spilled objects) lies in
+# a folder only we can enter. Ray's default, /tmp/ray, and every session folder in it are
+# mode 0777 (Ray chmods each folder it makes, so that users can share one machine's
+# Ray), with 0644 logs that can hold document text (a worker's traceback quotes its
+# batch). Ray chmods the temp folder it is given as well, so the private folder is its
+# parent: the temp folder is RAY_TEMP_NAME inside it (``_private_ray_temp``).
+RAY_TEMP_NAME = "ray"
+# A Unix socket path holds at most 107 bytes on Linux (103 on macOS), and Ray puts its
+# sockets at <temp>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store, up to ~66
+# bytes after the temp folder; so the temp folder's path stays within this many bytes.
+MAX_RAY_TEMP_BYTES = 36
+RUNTIME_DIR_ENV = "XDG_RUNTIME_DIR"  # the user's private runtime folder (systemd: 0700)
+RAY_TMPDIR_ENV = "RAY_TMPDIR"  # Ray's own setting for where its temp folder goes
+
+
+def _owned_private_dir(path: Path, *, create: bool) -> bool:
+    """Whether ``path`` is a real folder (not a symlink) owned by us and closed to others;
+    created 0700 when missing and ``create``; tightened to 0700 when ours but open."""
+    if create:
+        with contextlib.suppress(FileExistsError, OSError):
+            path.mkdir(mode=0o700)
+    try:  # opened without following a symlink, then checked and fixed through the handle
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            return False
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            if not create:
+                return False  # someone else's choice of mode (a runtime dir): not ours to fix
+            os.fchmod(fd, 0o700)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _root_candidates() -> list[tuple[Path, Path | None]]:
+    """(private folder, base that must itself be private or None), in order of preference:
+    under RAY_TMPDIR if set (the user's choice of where Ray's files go), under the
+    user's runtime folder ($XDG_RUNTIME_DIR: private, local, emptied at logout), under
+    TMPDIR if set, under /tmp."""
+    uid = os.getuid()
+    out: list[tuple[Path, Path | None]] = []
+    if os.environ.get(RAY_TMPDIR_ENV):
+        out.append((Path(os.environ[RAY_TMPDIR_ENV]) / f"docintel-{uid}", None))
+    runtime = os.environ.get(RUNTIME_DIR_ENV)
+    if runtime and Path(runtime).is_absolute():
+        out.append((Path(runtime) / "docintel", Path(runtime)))
+    if os.environ.get("TMPDIR"):
+        out.append((Path(os.environ["TMPDIR"]) / f"docintel-{uid}", None))
+    out.append((Path("/tmp") / f"docintel-{uid}", None))
+    return out
+
+
+def _private_ray_temp() -> Path:
+    """The embedded Ray's temp folder: ``ray`` in the first candidate folder that is
+    short enough for Ray's socket paths and private to us (created 0700, checked: a
+    real folder of ours, not a symlink). UsageError if there is none."""
+    tried = []
+    for root, base in _root_candidates():
+        temp = root.absolute() / RAY_TEMP_NAME
+        if len(os.fsencode(temp)) > MAX_RAY_TEMP_BYTES:
+            tried.append(f"{root} (path too long for Ray's sockets)")
+        elif base is not None and not _owned_private_dir(base, create=False):
+            tried.append(f"{root} ({base} is not a private folder of ours)")
+        elif not _owned_private_dir(root, create=True):
+            tried.append(f"{root} (exists but is not a private folder of ours, or cannot be made)")
+        else:
+            return temp
+    raise UsageError(
+        "no private folder for the embedded Ray's temp files (logs, sockets, spilled "
+        f"objects): tried {'; '.join(tried)}. Set {RAY_TMPDIR_ENV} to a short path of a "
+        f"folder you own; docintel uses {RAY_TMPDIR_ENV}/docintel-UID/{RAY_TEMP_NAME}"
+    )
+
+
+def _close_session(temp: Path) -> None:
+    """After ``ray.init``: Ray made ``temp`` and this run's session folder 0777; both go
+    back to 0700 (their parent already keeps others out; this keeps them out if one is
+    moved). The session is the node's own, not ``session_latest``, which a concurrent run
+    of the same user may have moved on. Ray's API for it is private; Ray is pinned."""
+    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    for path in (temp, session):
+        if temp in (path, path.parent):  # only what Ray made in our folder
+            with contextlib.suppress(OSError):
+                path.chmod(0o700)
+
+
 @contextlib.contextmanager
 def _local_only() -> Iterator[None]:
     """Loopback binding and token auth for the embedded instance, and the workers'
@@ -104,7 +196,9 @@ def ray_session(cfg: Config, shape: ClusterShape | None = None) -> Iterator[None
         return
     # Quiet by default: docintel prints its own progress and summary; Ray's notices and
     # the frameworks' lines from the actors (TensorFlow's oneDNN/absl, tracer warnings) go
-    # to Ray's log files (/tmp/ray/session_latest/logs) unless run.verbose (--verbose).
+    # to Ray's log files unless run.verbose (--verbose): for the embedded Ray, in
+    # session_latest/logs of its private temp folder (_private_ray_temp: e.g.
+    # $XDG_RUNTIME_DIR/docintel/ray or /tmp/docintel-UID/ray).
     # Errors still reach the driver: a failed call raises there with its traceback.
     verbose = cfg.run.verbose
     kwargs: dict[str, Any] = {
@@ -112,12 +206,14 @@ def ray_session(cfg: Config, shape: ClusterShape | None = None) -> Iterator[None
         "log_to_driver": verbose,
     }
     local = not cfg.run.ray_address
+    temp = _private_ray_temp() if local else None
     if not local:
         kwargs["address"] = cfg.run.ray_address
         kwargs["runtime_env"] = {"env_vars": WORKER_ENV}
     else:
         kwargs.update(
             address="local",  # always a new embedded instance, never a stale or other cluster
+            _temp_dir=str(temp),  # private (see RAY_TEMP_NAME), never the shared /tmp/ray
             num_cpus=cfg.run.num_cpus or os.cpu_count(),
             # the GPUs prepare() found (it asked nvidia-smi once) or N logical ones
             # (checked in prepare); without a plan's shape, "auto" lets Ray detect them
@@ -134,6 +230,8 @@ def ray_session(cfg: Config, shape: ClusterShape | None = None) -> Iterator[None
             kwargs["object_store_memory"] = cfg.run.object_store_mb * 1024 * 1024
     with _local_only() if local else contextlib.nullcontext():
         ray.init(**kwargs)
+        if temp is not None:
+            _close_session(temp)
         try:
             yield
         finally:

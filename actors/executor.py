@@ -77,6 +77,31 @@ class Sink:
         return cls(ray.put(sink))
 
 
+class _Pending(dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]]):
+    """The calls in flight (ref -> (flight, step, replica)), with the list of their refs
+    kept in step (swap-remove, O(1) per event) for ``ray.wait``: the list is never rebuilt
+    from every pending ref as batches come and go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[ray.ObjectRef] = []
+        self._at: dict[ray.ObjectRef, int] = {}
+
+    def __setitem__(self, ref: ray.ObjectRef, value: tuple[_Flight, str, Replica | None]) -> None:
+        if ref not in self._at:
+            self._at[ref] = len(self.refs)
+            self.refs.append(ref)
+        super().__setitem__(ref, value)
+
+    def pop(self, ref: ray.ObjectRef) -> tuple[_Flight, str, Replica | None]:  # type: ignore[override]
+        i = self._at.pop(ref)
+        last = self.refs.pop()
+        if i < len(self.refs):
+            self.refs[i] = last
+            self._at[last] = i
+        return super().pop(ref)
+
+
 @dataclass
 class _Loop:
     """The executor loop's state for one run."""
@@ -86,7 +111,7 @@ class _Loop:
     skip: set[str]  # batches committed by an earlier invocation
     unit: WorkUnit | None = None  # the next unit to admit
     admitted: int = 0  # batches between read and write
-    pending: dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]] = field(default_factory=dict)
+    pending: _Pending = field(default_factory=_Pending)
     live: dict[str, _Flight] = field(default_factory=dict)  # admitted, not yet written
 
 
@@ -132,6 +157,10 @@ class Executor:
         # from when the stage's first replicas joined (monotonic, in ``opened``).
         self.held_s: Counter[str] = Counter()
         self.opened: dict[str, float] = {}
+        # Per stage, the admitted batches not yet submitted to it (the dispatcher's outlook
+        # once the input is exhausted: pipeline/dispatch.py, rule 4), kept up to date as
+        # batches are admitted, submitted and retried: O(1) per event.
+        self.unsubmitted: Counter[str] = Counter()
 
     def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
         opts = task_options(self.io_cpus, num_returns=len(unit.batch_ids))
@@ -194,9 +223,10 @@ class Executor:
                 st.pending[ref] = (flight, READ, None)
                 st.live[batch_id] = flight
                 st.admitted += 1
+                self.unsubmitted.update(self.stages)
             st.unit = next(st.todo, None)
         if st.unit is None:  # every batch admitted: the dispatcher may plan the drain
-            self.dispatcher.set_outlook(True, _remaining(self.stages, st.live.values()))
+            self.dispatcher.set_outlook(True, self.unsubmitted)
 
     def _wait(self, st: _Loop) -> list[ray.ObjectRef] | None:
         """The calls that finished (maybe none, after WAIT_TIMEOUT_S); None when every
@@ -213,14 +243,15 @@ class Executor:
             else:
                 time.sleep(WAIT_TIMEOUT_S)
             return []
-        pending = st.pending
+        refs = st.pending.refs
         ready, _ = ray.wait(
-            [*pending, *wake], num_returns=1, timeout=WAIT_TIMEOUT_S, fetch_local=False
+            [*refs, *wake] if wake else refs,
+            num_returns=1,
+            timeout=WAIT_TIMEOUT_S,
+            fetch_local=False,
         )
         if ready:  # collect everything else that finished meanwhile, without blocking
-            ready, _ = ray.wait(
-                list(pending), num_returns=len(pending), timeout=0, fetch_local=False
-            )
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return ready
 
     def _settle(
@@ -260,6 +291,7 @@ class Executor:
                     break
                 flight, ref, ready_at = q.popleft()
                 flight.pools[stage] = replica.pool
+                self.unsubmitted[stage] -= 1
                 # held for a slot; not the start-up wait for the stage's models to load
                 ready_at = max(ready_at, self.opened[stage])
                 if self.first_call is None:
@@ -283,7 +315,8 @@ class Executor:
                     f"batch {flight.batch_id} failed {flight.attempts} times; last error: {e}"
                 ) from e
             flight.attempts += 1
-            flight.pools.clear()  # it passes every stage again
+            self.unsubmitted.update(flight.pools.keys())  # it passes every stage again
+            flight.pools.clear()
             if self.metrics:
                 self.metrics.retried()
             queues[self.stages[0]].append((flight, flight.read_ref, time.monotonic()))
@@ -294,9 +327,3 @@ class Executor:
         return replica.pool == "cpu" and any(
             r.pool == "gpu" for r in self.dispatcher.pools[replica.stage]
         )
-
-
-def _remaining(stages: list[str], flights: Iterable[_Flight]) -> dict[str, int]:
-    """Per stage, the admitted batches not yet submitted to it (the dispatcher's outlook
-    once the input is exhausted: pipeline/dispatch.py, rule 4)."""
-    return {s: sum(s not in f.pools for f in flights) for s in stages}

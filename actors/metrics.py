@@ -5,12 +5,15 @@ spilled to a CPU pool, batches held on the driver waiting for a replica slot, ea
 replica's busy fraction, batch retries and failed documents. Each GPU replica reports its
 own CUDA memory. Ray exports them from every node's metrics agent as ``ray_docintel_*``
 (``infra/grafana/docintel-dashboard.json`` charts them); tags name the run, stage, pool
-and replica. Recording is a few dictionary updates per batch: nothing here waits on I/O.
+and replica. Recording is a few dictionary updates per batch, handed to Ray in bulk once a
+second (FLUSH_S): nothing here waits on I/O.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections import Counter
 from functools import cache
 from typing import Any
 
@@ -55,39 +58,66 @@ def _driver() -> dict[str, Any]:
     }
 
 
+# Ray's metric calls cost tens of microseconds each (tags are validated and the record
+# sent to the metrics agent): the driver adds up its counts in dictionaries per event and
+# hands them to Ray at most this often, so its cost per batch does not grow with the
+# number of counters. Gauges keep their last value.
+FLUSH_S = 1.0
+
+
 class RunMetrics:
-    """The driver's metrics of one run (tags carry the run id)."""
+    """The driver's metrics of one run (tags carry the run id), recorded in bulk."""
 
     def __init__(self, run_id: str) -> None:
         self.run = run_id
         self.m = _driver()
+        self._counts: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+        self._gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._flushed = time.monotonic()
+
+    def _inc(self, name: str, n: float, **tags: str) -> None:
+        if n:  # Ray's counters take only increments > 0
+            self._counts[(name, tuple(tags.items()))] += n
+
+    def _set(self, name: str, value: float, **tags: str) -> None:
+        self._gauges[(name, tuple(tags.items()))] = value
+
+    def flush(self, now: float | None = None, force: bool = False) -> None:
+        """Hand the counts and gauges gathered since the last flush to Ray (every FLUSH_S
+        seconds, or now when ``force``)."""
+        now = time.monotonic() if now is None else now
+        if not force and now - self._flushed < FLUSH_S:
+            return
+        self._flushed = now
+        for (name, tags), n in self._counts.items():
+            self.m[name].inc(n, {"run": self.run, **dict(tags)})
+        for (name, tags), value in self._gauges.items():
+            self.m[name].set(value, {"run": self.run, **dict(tags)})
+        self._counts.clear()
+        self._gauges.clear()
 
     def call_done(self, stage: str, pool: str, spilled: bool) -> None:
-        self.m["batches"].inc(1, {"run": self.run, "stage": stage, "pool": pool})
+        self._inc("batches", 1, stage=stage, pool=pool)
         if spilled:
-            self.m["spilled"].inc(1, {"run": self.run, "stage": stage})
+            self._inc("spilled", 1, stage=stage)
 
     def batch_written(self, pools: dict[str, str], sentences: int, docs: int, errors: int) -> None:
         for stage, pool in pools.items():
-            if sentences:  # Ray's counters take only increments > 0
-                self.m["sentences"].inc(sentences, {"run": self.run, "stage": stage, "pool": pool})
-        if docs:
-            self.m["documents"].inc(docs, {"run": self.run})
-        if errors:
-            self.m["failed"].inc(errors, {"run": self.run})
+            self._inc("sentences", sentences, stage=stage, pool=pool)
+        self._inc("documents", docs)
+        self._inc("failed", errors)
 
     def retried(self) -> None:
-        self.m["retries"].inc(1, {"run": self.run})
+        self._inc("retries", 1)
 
     def held(self, stage: str, n: int) -> None:
-        self.m["held"].set(n, {"run": self.run, "stage": stage})
+        self._set("held", n, stage=stage)
 
     def replica(self, stage: str, pool: str, key: str, busy_fraction: float) -> None:
-        tags = {"run": self.run, "stage": stage, "pool": pool, "replica": key}
-        self.m["busy"].set(busy_fraction, tags)
+        self._set("busy", busy_fraction, stage=stage, pool=pool, replica=key)
 
     def replicas(self, stage: str, pool: str, n: int) -> None:
-        self.m["replicas"].set(n, {"run": self.run, "stage": stage, "pool": pool})
+        self._set("replicas", n, stage=stage, pool=pool)
 
 
 @cache

@@ -94,6 +94,7 @@ class _Member:
     joined: str = ""
     left: str = ""
     left_reason: str = ""
+    pid: int | None = None  # the replica's process (as its ready() said)
 
     @property
     def live(self) -> bool:
@@ -110,6 +111,7 @@ class _Member:
             "pool": r.pool,
             "index": r.index,
             "node": r.node,
+            "pid": self.pid,
             "backend": r.backend,
             "batches": r.calls,
             "busy_seconds": round(r.busy_s, 3),
@@ -133,6 +135,7 @@ class PoolManager:
         self._next = Counter[tuple[str, str]]()
         self._watched = time.monotonic()
         self._starved: dict[str, float] = {}
+        self._waiting = 0  # replicas created that have neither joined nor left
         # perf_counter when every replica of the starting layout had joined (or left)
         self.loaded_at: float | None = None
 
@@ -151,13 +154,21 @@ class PoolManager:
                     self._spawn(pool, initial=True)
         self._demand()
 
+    @property
+    def _loading(self) -> bool:
+        """Some replica has not joined yet (loading, or its stage waits for it)."""
+        return self._waiting > 0
+
     def pending_refs(self) -> list[Any]:
         """ready() refs of replicas still loading their model: the executor wakes on them."""
+        if not self._loading:
+            return []
         return [m.ready_ref for m in self.members if m.pending and m.loaded is None]
 
     def close(self) -> None:
         """Kill every replica (frees its CPUs and GPU share for the next run)."""
         self._gauges(time.monotonic())  # the last values, also for runs shorter than WATCH_S
+        self.metrics.flush(force=True)
         for m in self.members:
             if not m.left:
                 m.left = _now()
@@ -169,11 +180,13 @@ class PoolManager:
     def poll(self, now: float) -> None:
         """Join replicas whose model loaded; every WATCH_S, drop the ones whose node left
         and start new ones where the cluster has room. Cheap: called every loop."""
-        self._check_pending()
+        if self._loading:  # O(1) once every replica has joined
+            self._check_pending()
         if now - self._watched >= WATCH_S:
             self._watched = now
             self._watch(now)
         self._check_starved(now)
+        self.metrics.flush(now)
 
     def _watch(self, now: float) -> None:
         self._departures()
@@ -308,11 +321,14 @@ class PoolManager:
         handle = _ACTOR.options(**opts).remote(build_stage(self.cfg, pool), rep.key)
         self.actors[rep.key] = handle
         member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic(), initial)
+        self._waiting += 1
         self.members.append(member)
 
     def _join(self, m: _Member, info: dict[str, Any]) -> None:
+        self._waiting -= 1
         m.replica.node = info.get("node", "")
         m.replica.backend = info["backend"]
+        m.pid = info.get("pid")
         m.joined_at, m.joined = time.monotonic(), _now()
         m.ready_ref = None
         self.dispatcher.pools[m.replica.stage].append(m.replica)
@@ -321,6 +337,8 @@ class PoolManager:
         log.info("replica %s joined on node %s", m.replica.key, m.replica.node)
 
     def _leave(self, m: _Member, why: str) -> None:
+        if m.pending:
+            self._waiting -= 1
         m.left, m.left_reason = _now(), why
         reps = self.dispatcher.pools[m.replica.stage]
         reps[:] = [r for r in reps if r is not m.replica]

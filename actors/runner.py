@@ -20,6 +20,7 @@ from docintel.actors.executor import Executor, Sink
 from docintel.actors.resources import task_options
 from docintel.pipeline.config import Config
 from docintel.pipeline.layout import Pool, stage_layout
+from docintel.pipeline.lease import LeaseLost
 from docintel.pipeline.output import RunOutput, RunSummary
 from docintel.pipeline.plan import Plan, ensure_derived, prepare
 from docintel.pipeline.sink import BatchStats, TaskMap
@@ -42,6 +43,7 @@ def execute(
     """
     t0 = time.perf_counter()
     p = prepare(cfg, input_uri)
+    cfg = p.cfg  # as the plan resolved it (an "auto" batch size is a number there)
     with RunOutput.open(p, output_uri, cfg.run.run_id) as output:
         if output.complete:
             return output.completed_summary()
@@ -127,8 +129,15 @@ def _stream(
         return {s: i["version"] for s, i in pools.info.items()}
 
 
-def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
-    """One item of a sink's task map (``fn`` arrives resolved from its object ref)."""
+def _apply(fn: Callable[[Any], Any], item: Any, valid_until: float) -> Any:
+    """One item of a sink's task map (``fn`` arrives resolved from its object ref). Refused
+    once the output's claim it was submitted under has expired (``valid_until``, Unix
+    time): a task that waited that long in a queue may no longer be the lease holder's."""
+    if time.time() >= valid_until:
+        raise LeaseLost(
+            "a compaction task started after the output's lease it was submitted under had "
+            "expired; it did nothing, and this run stops without committing"
+        )
     return fn(item)
 
 
@@ -143,7 +152,8 @@ def _compact(cfg: Config, output: RunOutput) -> None:
 
 def _task_map(cfg: Config, output: RunOutput) -> TaskMap:
     """The sink's work as Ray I/O tasks: a window sized to the CPUs, the lease checked
-    before each submission, the function put in the object store once."""
+    right before each submission (and each task refused past the claim's expiry), the
+    function put in the object store once."""
     window = max(1, int(ray.available_resources().get("CPU", 1) / cfg.resources.io_cpus))
     # the sink's work is idempotent: retried on any error (an S3 hiccup), not only a lost
     # worker
@@ -153,11 +163,12 @@ def _task_map(cfg: Config, output: RunOutput) -> TaskMap:
         fn_ref = ray.put(fn)
         pending: list[ray.ObjectRef] = []
         for item in items:
-            output.lease.check()
             if len(pending) >= window:
                 done, pending = ray.wait(pending, num_returns=1)
                 yield from ray.get(done)
-            pending.append(_sink_task.options(**opts).remote(fn_ref, item))
+            output.lease.check()  # after the wait: the claim as it is at submission
+            until = output.lease.valid_until
+            pending.append(_sink_task.options(**opts).remote(fn_ref, item, until))
         yield from ray.get(pending)
 
     return run

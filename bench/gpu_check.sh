@@ -24,6 +24,9 @@
 #   one-card   the demo corpus through all three stages on one card (`docintel run --gpus 1
 #              --spill gpu-only`), nvidia-smi sampled every 0.5 s: peak memory per actor
 #              process, i.e. per framework (spaCy, torch, TensorFlow), and of the whole card
+#   control    the control plane at real speed: one card, real replicas of the three
+#              stages, "auto" batches, one-sentence and news-like corpora: sentences/s,
+#              the replicas' busy share, the driver's CPU seconds (issue 19)
 #   spill      bench/spill.py with real GPU replicas: a stand-in GPU node (the real card,
 #              cores 0-3) and a CPU node (the other cores), gpu-only / cpu-only / auto and
 #              auto with one batch in flight
@@ -195,8 +198,15 @@ step_one_card() {
         --spill gpu-only --config "$WORK/one-card.toml" --no-progress --run-id one-card || rc=$?
     kill "$sampler" 2> /dev/null || true
     wait "$sampler" 2> /dev/null || true
-    "$py" - "$samples" << 'PY' | tee "$WORK/one-card.md"
-import collections, re, sys
+    "$py" - "$samples" "$WORK/one-card-out/_manifest.json" << 'PY' | tee "$WORK/one-card.md"
+import collections, json, sys
+# one actor class hosts every stage: the manifest's replicas name each process's stage
+stage_of = {}
+try:
+    for r in json.load(open(sys.argv[2]))["replicas"]:
+        stage_of[str(r.get("pid"))] = f"{r['stage']} {r['pool']} ({r['backend']})"
+except (OSError, ValueError, KeyError):
+    pass
 peak, card = collections.defaultdict(float), 0.0
 for line in open(sys.argv[1]):
     parts = line.rstrip("\n").split(",", 3)
@@ -206,9 +216,7 @@ for line in open(sys.argv[1]):
     if pid == "card":
         card = max(card, float(mem))
         continue
-    m = re.search(r"(Sentencize|Embed|Classify)Actor", title)
-    who = {"Sentencize": "sentencize (spaCy)", "Embed": "embed (torch)",
-           "Classify": "classify (TensorFlow; torch reads the card size)"}[m.group(1)] if m else f"pid {pid}: {title.strip() or '?'}"
+    who = stage_of.get(pid.strip(), f"pid {pid}: {title.strip() or '?'}")
     peak[who] = max(peak[who], float(mem))
 print("| process | peak GPU memory MiB (nvidia-smi) |")
 print("| --- | ---: |")
@@ -221,6 +229,44 @@ PY
     return "$rc"
 }
 
+# The control plane at real speed (issue 19): one card, real fp16/bf16 replicas of all
+# three stages, "auto" batches (about 1 MiB of text each), one-sentence and news-like
+# documents, no embeddings written: sentences/s per card, the replicas' busy share of the
+# processing time (manifest), and the driver's CPU seconds (its own process).
+step_control() {
+    local py="$VENV/bin/python"
+    printf '[resources.%s]\ngpu_replicas = 1\n' sentencize embed classify > "$WORK/control.toml"
+    "$py" - "$WORK" << 'PY' | tee "$WORK/control.md"
+import json, os, subprocess, sys, time
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+work = sys.argv[1]
+words = ("Revenue rose {} percent in the quarter on strong demand in Europe.",
+         "The company cut its guidance after a weak season at unit {}.",
+         "Analysts expect margins to narrow as costs climb {} points.")
+print("| corpus | docs | sentences | processing s | sentences/s | busy embed | busy classify | docintel CLI + reaped children CPU s |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for kind, n, per in (("one-sentence", 200_000, 1), ("news-like", 20_000, 17)):
+    rng = np.random.default_rng(0)
+    texts = [" ".join(words[j].format(i % 997) for j in rng.integers(0, 3, per)) for i in range(n)]
+    path = f"{work}/control-{kind}.parquet"
+    pq.write_table(pa.table({"doc_id": [f"d{i}" for i in range(n)], "text": texts}), path,
+                   row_group_size=50_000)
+    out = f"{work}/control-{kind}-out"
+    t0 = os.times()
+    subprocess.run([f"{os.environ['VENV']}/bin/docintel", "run", path, out, "--gpus", "1",
+                    "--spill", "gpu-only", "--no-embeddings", "--no-progress",
+                    "--config", f"{work}/control.toml"], check=True)
+    t1 = os.times()
+    m = json.load(open(f"{out}/_manifest.json"))
+    proc = m["timings"]["processing_seconds"]
+    busy = {r["stage"]: r["busy_seconds"] / proc for r in m["replicas"] if r["pool"] == "gpu"}
+    sents = m["counts"]["sentences"]
+    print(f"| {kind} | {n:,} | {sents:,} | {proc:.1f} | {sents / proc:,.0f} | "
+          f"{busy.get('embed', 0):.0%} | {busy.get('classify', 0):.0%} | "
+          f"{t1.children_user + t1.children_system - t0.children_user - t0.children_system:.1f} |")
+PY
+}
+
 step_spill() {
     local last=$(($(nproc) - 1))
     "$VENV/bin/python" bench/spill.py --gpu-cores 0-3 --cpu-cores "4-$last" --gpu-delay 0 \
@@ -228,7 +274,8 @@ step_spill() {
     cat "$WORK/spill.md"
 }
 
-export -f log step_env step_install step_gpu_tests step_quantize step_stages step_one_card step_spill
+export -f log step_env step_install step_gpu_tests step_quantize step_stages step_one_card \
+    step_control step_spill
 
 failed=0
 run_step env 30 step_env || failed=1
@@ -242,6 +289,7 @@ else
     wait "$quantize_pid" || failed=1
     run_step stages 150 step_stages || failed=1
     run_step one-card 100 step_one_card || failed=1
+    run_step control 120 step_control || failed=1
     run_step spill 240 step_spill || failed=1
 fi
 

@@ -16,6 +16,7 @@ from docintel.jobs.ui import (
     fail,
     out,
     run_with_progress,
+    safe,
     warn_partial,
 )
 from docintel.pipeline.config import load_config
@@ -90,11 +91,11 @@ def audit(
 
 def _notes(s: Any) -> None:
     for note in s.notes:
-        console.print(f"[cyan]note:[/] {escape(note)}", highlight=False)
+        console.print(f"[cyan]note:[/] {escape(safe(note))}", highlight=False)
     for w in s.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(safe(w))}", highlight=False)
     for f in s.skipped_files:
-        console.print(f"[yellow]skipped:[/] {escape(f['reason'])}", highlight=False)
+        console.print(f"[yellow]skipped:[/] {escape(safe(f['reason']))}", highlight=False)
 
 
 def print_audit_summary(s: Any) -> None:
@@ -102,9 +103,9 @@ def print_audit_summary(s: Any) -> None:
     _notes(s)
     if s.already_complete:
         out.print(
-            f"the audit of {s.date} in {escape(s.output)} is already complete: nothing to "
+            f"the audit of {s.date} in {escape(safe(s.output))} is already complete: nothing to "
             f"do ({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} "
-            f"errors); report: {escape(s.report)}",
+            f"errors); report: {escape(safe(s.report))}",
             highlight=False,
         )
         return
@@ -124,8 +125,8 @@ def print_audit_summary(s: Any) -> None:
             t.add_row("batches (this run / resumed)", f"{s.run.batches} / {s.run.skipped_batches}")
     elif not s.ran:
         t.add_row("run", "none: nothing new or changed")
-    t.add_row("partition", escape(s.partition))
-    t.add_row("report", escape(s.report))
+    t.add_row("partition", escape(safe(s.partition)))
+    t.add_row("report", escape(safe(s.report)))
     out.print(t)
     if s.models_changed:
         console.print(

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from docintel.jobs.ui import ConfigOpt, console, fail, out
+from docintel.jobs.ui import ConfigOpt, console, fail, out, safe
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode
 
@@ -75,12 +75,23 @@ WorkingDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--working-dir",
-        help="Ship this project source folder with the job (without .venv, .git, "
-        "outputs, caches), its code laid out as the docintel.* namespace, for clusters "
+        help="Ship this project source folder with the job (never secrets such as .env, "
+        "keys or credential files, whatever .gitignore says, nor symlinks, .venv, .git, "
+        "outputs, caches; --dry-run lists it), its code laid out as the docintel.* "
+        "namespace, for clusters "
         "whose nodes have the dependencies but not this code. Default: ship only the "
         "config; the cluster's image has docintel installed (infra/).",
         exists=True,
         file_okay=False,
+    ),
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Check the config and list what the job's working directory would hold, one "
+        "line per path: 'ship PATH' or 'left out PATH (reason)'; submit nothing and "
+        "contact no cluster.",
     ),
 ]
 FollowOpt = Annotated[
@@ -90,8 +101,10 @@ FollowOpt = Annotated[
 
 
 def _write(chunk: str) -> None:
-    """Job log text goes to stdout as is (no Rich markup parsing of user data)."""
-    sys.stdout.write(chunk)
+    """Job log text goes to stdout without Rich markup parsing and with its control
+    characters made visible (a log line must not drive the terminal: colours, cursor
+    moves, window titles, overwritten lines)."""
+    sys.stdout.write(safe(chunk, multiline=True))
     sys.stdout.flush()
 
 
@@ -103,6 +116,7 @@ def submit(
     run_id: JobRunIdOpt = None,
     wait: WaitOpt = True,
     working_dir: WorkingDirOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Run the pipeline on a Ray cluster as a Ray job (`python -m docintel.jobs.batch`).
 
@@ -121,33 +135,61 @@ def submit(
       docintel submit -c job.toml --output s3://results/run-0412 --run-id run-0412 --no-wait
 
       docintel submit -c job.toml --working-dir . --input s3://corpus/2026/
+
+      docintel submit -c job.toml --working-dir . --dry-run     # what would ship
     """
     from docintel.jobs import submit as jobs
 
     try:
         req = jobs.check_request(config, input, output, run_id, working_dir)
         addr = jobs.resolve_address(address)
+        if dry_run:
+            _dry_run(req)
+            return
         client = jobs.connect(addr)
         with tempfile.TemporaryDirectory(prefix="docintel-job-") as staging:
             job_id = jobs.submit(client, req, Path(staging), _say_shipped(req))
     except DocintelError as e:
         fail(e)
-    out.print(f"submitted job {job_id} to {addr}", highlight=False)
-    console.print(f"entrypoint: {req.entrypoint}", highlight=False, markup=False)
+    out.print(f"submitted job {safe(job_id)} to {safe(addr)}", highlight=False, markup=False)
+    console.print(f"entrypoint: {safe(req.entrypoint)}", highlight=False, markup=False)
     if not wait:
         out.print(
-            f"follow it with: docintel logs {job_id} --follow --address {addr}",
+            f"follow it with: docintel logs {safe(job_id)} --follow --address {safe(addr)}",
             highlight=False,
+            markup=False,
         )
         return
     _follow_to_end(client, job_id)
+
+
+def _dry_run(req: JobRequest) -> None:
+    """List the working directory's fate, path by path (stdout), and a summary (stderr)."""
+    from docintel.jobs import submit as jobs
+
+    plan = jobs.plan_job(req)
+    for path in plan.ship:
+        out.print(f"ship {safe(path)}", highlight=False, markup=False, soft_wrap=True)
+    for left in plan.left_out:
+        line = f"left out {safe(left.path)} ({safe(left.reason)})"
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    source = f"{safe(plan.root)} and " if plan.root is not None else ""
+    console.print(
+        f"dry run: {len(plan.ship):,} files would ship ({source}the config as "
+        f"{jobs.JOB_CONFIG_NAME}), {len(plan.left_out):,} paths left out; nothing submitted",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _say_shipped(req: JobRequest) -> Callable[[StagedDir], None]:
     def say(staged: StagedDir) -> None:
         if req.working_dir is not None:
             console.print(
-                f"shipping {req.working_dir}: {staged.describe()}", highlight=False, markup=False
+                f"shipping {safe(req.working_dir)}: {safe(staged.describe())}",
+                highlight=False,
+                markup=False,
             )
 
     return say
@@ -160,12 +202,14 @@ def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
     try:
         problem = jobs.follow_logs(client, job_id, _write)
         if problem:
-            console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(safe(problem))}", highlight=False)
         info = jobs.wait_terminal(client, job_id)
     except KeyboardInterrupt:
         console.print(
-            f"\nstopped following; job {job_id} keeps running: docintel status {job_id}",
+            f"\nstopped following; job {safe(job_id)} keeps running: "
+            f"docintel status {safe(job_id)}",
             highlight=False,
+            markup=False,
         )
         raise typer.Exit(ExitCode.INTERRUPTED) from None
     except DocintelError as e:
@@ -177,7 +221,7 @@ def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
 def _report_end(info: JobDetails) -> None:
     from docintel.jobs import submit as jobs
 
-    job = info.submission_id or info.job_id
+    job = escape(safe(info.submission_id or info.job_id))
     status = str(info.status)
     if status == "SUCCEEDED":
         console.print(f"[bold green]job {job} SUCCEEDED[/]", highlight=False)
@@ -185,7 +229,7 @@ def _report_end(info: JobDetails) -> None:
     code = jobs.exit_code(info)
     console.print(
         f"[bold red]docintel: job {job} {status}[/] (exit code {code}): "
-        f"{escape(jobs.failure_reason(info))}",
+        f"{escape(safe(jobs.failure_reason(info), multiline=True))}",
         highlight=False,
     )
 
@@ -207,17 +251,17 @@ def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
         info = jobs.job_info(jobs.connect(jobs.resolve_address(address)), job_id)
     except DocintelError as e:
         fail(e)
-    t = Table(title=f"docintel job {job_id}", show_header=False)
+    t = Table(title=f"docintel job {escape(safe(job_id))}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
     t.add_row("status", str(info.status))
-    t.add_row("entrypoint", Text(info.entrypoint))  # user data: never parsed as markup
+    t.add_row("entrypoint", Text(safe(info.entrypoint)))  # user data: never markup
     t.add_row("started", jobs.format_time(info.start_time))
     t.add_row("ended", jobs.format_time(info.end_time))
     if info.driver_exit_code is not None:
         t.add_row("entrypoint exit code", str(info.driver_exit_code))
     message = jobs.failure_reason(info) if str(info.status) == "FAILED" else info.message
-    t.add_row("message", Text(message or "-"))
+    t.add_row("message", Text(safe(message or "-", multiline=True)))
     out.print(t, highlight=False)
     raise typer.Exit(jobs.exit_code(info))
 
@@ -247,4 +291,4 @@ def logs(job_id: JobIdArg, address: AddressOpt = None, follow: FollowOpt = False
     except KeyboardInterrupt:
         raise typer.Exit(ExitCode.INTERRUPTED) from None
     if problem:
-        console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(safe(problem))}", highlight=False)

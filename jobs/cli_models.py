@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from docintel.jobs.ui import PROGRESS_ENV, ConfigOpt, ProgressOpt, console, fail, out
+from docintel.jobs.ui import PROGRESS_ENV, ConfigOpt, ProgressOpt, console, fail, out, safe
 from docintel.pipeline.config import EmbedConfig, load_config
 from docintel.pipeline.errors import DocintelError
 
@@ -253,6 +254,7 @@ def quantize(
 
       docintel quantize && docintel run corpus/ out/ --gpus 1 --config gpu.toml
     """
+    from docintel.pipeline.artefacts import build_lock
     from docintel.pipeline.offline import quantize as q
 
     try:
@@ -260,15 +262,19 @@ def quantize(
         target = out_dir or cfg.embed.resolved_int8_dir()
         clf_dir = cfg.classify.resolved_model_dir()
         encoder = cfg.embed.resolved_model_path()
-        with console.status(f"exporting {encoder} as a fused fp32 ONNX graph"):
-            q.build_fp32(encoder, target)
-        with console.status(f"exporting and quantizing {encoder}"):
-            q.build_int8(encoder, target)
-        with console.status(f"converting and quantizing {clf_dir}"):
-            q.build_fp32_classifier(clf_dir, target)
-            head = q.build_int8_classifier(clf_dir, target)
+        with build_lock(target):  # the lock a run's build on first need takes: one at a time
+            with console.status(f"exporting {encoder} as a fused fp32 ONNX graph"):
+                q.build_fp32(encoder, target)
+            with console.status(f"exporting and quantizing {encoder}"):
+                q.build_int8(encoder, target)
+            with console.status(f"converting and quantizing {clf_dir}"):
+                q.build_fp32_classifier(clf_dir, target)
+                head = q.build_int8_classifier(clf_dir, target)
         if data is None and not DEFAULT_PARITY_DATA.is_file():
-            out.print(f"wrote {target} and {head}; no parity report (pass --data FILE)")
+            out.print(
+                f"wrote {escape(safe(target))} and {escape(safe(head))}; no parity report "
+                "(pass --data FILE)"
+            )
             return
         data = data or DEFAULT_PARITY_DATA
         with console.status(f"parity report on {data}"):
@@ -277,7 +283,8 @@ def quantize(
     except DocintelError as e:
         fail(e)
     _print_parity(report, data)
-    out.print(f"wrote {report['encoder']['artefact']}, {head} and {parity}")
+    wrote = (report["encoder"]["artefact"], head, parity)
+    out.print("wrote {}, {} and {}".format(*(escape(safe(w)) for w in wrote)))
 
 
 def _print_parity(report: dict[str, Any], data: Path) -> None:

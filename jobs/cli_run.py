@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -27,10 +27,14 @@ from docintel.jobs.ui import (
     out,
     print_run_summary,
     run_with_progress,
+    safe,
     warn_partial,
 )
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import DocintelError
+
+if TYPE_CHECKING:
+    from docintel.pipeline.ingest import IngestResult
 
 InputArg = Annotated[
     str,
@@ -51,7 +55,13 @@ RunIdOpt = Annotated[
     str | None,
     typer.Option(help="Name of the run. Rerun with the same id to resume an interrupted run."),
 ]
-BatchSizeOpt = Annotated[int | None, typer.Option(help="Documents per batch.")]
+BatchSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Documents per batch, the unit written exactly once [default: auto: 128, or "
+        "about 1 MiB of text per batch on a run with GPU replicas]."
+    ),
+]
 EmbeddingsOpt = Annotated[
     bool | None,
     typer.Option("--embeddings/--no-embeddings", help="Write the embedding column in sentences/."),
@@ -68,8 +78,10 @@ VerboseOpt = Annotated[
     typer.Option(
         "--verbose",
         help="Also show Ray's notices and the stage actors' framework log lines "
-        "(TensorFlow, ONNX export); by default they go to Ray's log files under "
-        "/tmp/ray/session_latest/logs and only docintel's progress and summary show.",
+        "(TensorFlow, ONNX export); by default they go to Ray's log files and only "
+        "docintel's progress and summary show. The embedded Ray keeps them in "
+        "session_latest/logs of its private folder: $XDG_RUNTIME_DIR/docintel/ray, else "
+        "/tmp/docintel-UID/ray (RAY_TMPDIR/docintel-UID/ray when RAY_TMPDIR is set).",
     ),
 ]
 GpusOpt = Annotated[
@@ -216,9 +228,18 @@ def ingest(
             )
     except DocintelError as e:
         fail(e)
+    _print_ingested(result, output)
+
+
+def _print_ingested(result: IngestResult, output: Path) -> None:
+    """What ingest wrote and skipped. File names, ids and reasons (which quote paths) are
+    data: no markup, and no control character reaches the terminal (``safe``)."""
     note = f" ({result.replaced:,} with undecodable bytes replaced)" if result.replaced else ""
-    out.print(f"wrote {result.documents:,} documents to {escape(str(output))}{note}")
+    out.print(
+        f"wrote {result.documents:,} documents to {escape(safe(output))}{note}", soft_wrap=True
+    )
     if result.skipped:
         out.print(f"[yellow]skipped {len(result.skipped):,} files:[/]", highlight=False)
     for s in result.skipped:
-        out.print(f"  {escape(s.doc_id)}: {escape(s.reason)}", highlight=False, soft_wrap=True)
+        line = f"  {safe(s.doc_id)}: {safe(s.reason)}"
+        out.print(line, highlight=False, soft_wrap=True, markup=False)

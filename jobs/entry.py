@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from docintel.jobs.ui import safe
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
@@ -38,7 +39,7 @@ def join_job_cluster(cfg: Config) -> Config:
 def report_error(e: DocintelError) -> ExitCode:
     """``docintel: <kind>: <message>`` on stderr (the line `docintel submit` picks out of a
     failed job's log); returns the exit code."""
-    print(f"docintel: {error_kind(e)}: {e}", file=sys.stderr, flush=True)
+    print(f"docintel: {error_kind(e)}: {safe(e, multiline=True)}", file=sys.stderr, flush=True)
     return exit_code(e)
 
 

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pathspec
-
+from docintel.jobs.workdir import LeftOut, Plan, copy_plan, plan_working_dir
 from docintel.pipeline.config import Config, load_config
 from docintel.pipeline.errors import RunFailed, UsageError
 from docintel.pipeline.exitcodes import ExitCode
@@ -50,40 +49,6 @@ POLL_S = 0.5
 # After the log stream ends the job is terminal within moments; this bounds the wait for
 # the state to be recorded before we keep polling at a slower pace.
 SETTLE_S = 30.0
-# Never part of a --working-dir upload, whatever the ignore files say: secrets first (the
-# job runs on a shared cluster and Ray keeps the package in the GCS), then virtualenvs and
-# VCS data (large; the cluster has its own), run outputs and tool caches. Patterns are
-# .gitignore syntax.
-WORKING_DIR_DENY = (
-    ".env",
-    ".env.*",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "id_rsa*",
-    "id_ed25519*",
-    ".netrc",
-    ".aws/",
-    ".ssh/",
-    ".git/",
-    ".venv/",
-    "venv/",
-)
-WORKING_DIR_EXCLUDES = (
-    "/demo-out/",
-    "/out/",
-    "/models/int8/",
-    "__pycache__/",
-    ".pytest_cache/",
-    ".ruff_cache/",
-    ".mypy_cache/",
-    "*.egg-info/",
-    "/build/",
-    "/dist/",
-)
-# Read from the --working-dir root, in .gitignore syntax, on top of the lists above.
-IGNORE_FILES = (".gitignore", ".rayignore")
 LEFT_OUT_SHOWN = 10  # paths named in `docintel submit`'s "left out" line; the rest counted
 
 
@@ -209,14 +174,6 @@ def check_request(
     return JobRequest(cfg, config_path, input, output, run_id, working_dir)
 
 
-def _spec(root: Path) -> pathspec.GitIgnoreSpec:
-    lines = [*WORKING_DIR_DENY, *WORKING_DIR_EXCLUDES]
-    for name in IGNORE_FILES:
-        if (root / name).is_file():
-            lines += (root / name).read_text(encoding="utf-8", errors="replace").splitlines()
-    return pathspec.GitIgnoreSpec.from_lines(lines)
-
-
 @dataclass
 class StagedDir:
     """What --working-dir ships: the staged folder, and what went in or was left out."""
@@ -234,29 +191,6 @@ class StagedDir:
         return f"{self.files:,} files, {self.bytes / 1e6:,.1f} MB{left}"
 
 
-def _copy_filtered(root: Path, dest: Path, staged: StagedDir) -> None:
-    """Copy ``root`` to ``dest`` without what the deny list, the excludes or the ignore
-    files match; symlinks are shipped only when they stay inside ``root``."""
-    spec = _spec(root)
-    for folder, dirs, files in os.walk(root):
-        rel = Path(folder).relative_to(root)
-        for d in list(dirs):
-            if spec.match_file(f"{(rel / d).as_posix()}/") or (Path(folder) / d).is_symlink():
-                dirs.remove(d)
-                staged.left_out.append(f"{(rel / d).as_posix()}/")
-        for name in files:
-            src, where = Path(folder) / name, (rel / name).as_posix()
-            outside = src.is_symlink() and not src.resolve().is_relative_to(root)
-            if spec.match_file(where) or outside or not src.is_file():
-                staged.left_out.append(where)
-                continue
-            target = dest / where
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
-            staged.files += 1
-            staged.bytes += target.stat().st_size
-
-
 def _package_dirs(root: Path) -> dict[str, str]:
     """The source folders of the ``docintel.*`` packages, from the shipped pyproject.toml."""
     try:
@@ -270,23 +204,40 @@ def _package_dirs(root: Path) -> dict[str, str]:
     return {pkg: folder for pkg, folder in mapping.items() if pkg.startswith("docintel.")}
 
 
+def plan_job(req: JobRequest) -> Plan:
+    """What the job's working directory would hold, decided without copying anything:
+    the --working-dir files that ship and those left out, with reasons (jobs/workdir.py),
+    plus the config as job.toml. A job.toml of the folder is replaced by the config."""
+    if req.working_dir is None:
+        return Plan(None, ship=[JOB_CONFIG_NAME])
+    root = req.working_dir.resolve()
+    _package_dirs(root)  # a docintel source folder, or a usage error now
+    plan = plan_working_dir(root)
+    if JOB_CONFIG_NAME in plan.ship:
+        plan.ship.remove(JOB_CONFIG_NAME)
+        plan.left_out.append(LeftOut(JOB_CONFIG_NAME, "replaced by the job's config"))
+    plan.ship.append(JOB_CONFIG_NAME)
+    return plan
+
+
 def stage_working_dir(req: JobRequest, dest: Path) -> StagedDir:
     """Fill ``dest`` with the job's working directory: the config as job.toml, plus a
     filtered copy of --working-dir when given. ``dest`` must not exist yet.
 
-    The copy leaves out secrets (``.env``, keys, ``.git/``, ``.venv/``: WORKING_DIR_DENY),
-    outputs and caches, and what the folder's .gitignore / .rayignore list. The code
-    folders are laid out as the installed namespace (``pipeline/`` becomes
-    ``docintel/pipeline/``...), so the job's ``python -m docintel.jobs.batch`` and every
-    worker import the shipped code from the working directory, which Ray puts first on
-    their path; the rest (data, relative inputs) keeps its place."""
-    staged = StagedDir(dest)
-    root = req.working_dir.resolve() if req.working_dir is not None else None
-    packages = _package_dirs(root) if root is not None else {}
+    The copy follows ``plan_job``: never secrets (the deny list of jobs/workdir.py, which
+    no ignore file overrides) or symlinks, nor ``.git/``, ``.venv/``, outputs, caches and
+    what the folder's .gitignore / .rayignore list. The code folders are laid out as the
+    installed namespace (``pipeline/`` becomes ``docintel/pipeline/``...), so the job's
+    ``python -m docintel.jobs.batch`` and every worker import the shipped code from the
+    working directory, which Ray puts first on their path; the rest (data, relative
+    inputs) keeps its place."""
+    plan = plan_job(req)
+    staged = StagedDir(dest, left_out=[x.path for x in plan.left_out])
     dest.mkdir(parents=True)
-    if root is not None:
-        _copy_filtered(root, dest, staged)
-        for pkg, folder in packages.items():
+    if plan.root is not None:
+        plan.ship.remove(JOB_CONFIG_NAME)  # written below, from the config
+        staged.files, staged.bytes = copy_plan(plan, dest)
+        for pkg, folder in _package_dirs(plan.root).items():
             if (dest / folder).is_dir():
                 target = dest.joinpath(*pkg.split("."))
                 target.parent.mkdir(parents=True, exist_ok=True)

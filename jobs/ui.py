@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
@@ -42,6 +43,35 @@ ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _INDENTED = re.compile(r"^\s")
+# What a terminal acts on instead of showing: C0 controls (ESC starts colour, cursor and
+# title sequences; CR overwrites a line; BS erases), DEL, C1 controls (U+009B is a
+# one-character CSI), and the Unicode controls that reorder or break lines (bidi
+# overrides and isolates, line/paragraph separators), which make one name look like
+# another; and lone surrogates (undecodable bytes of a file name), which would make the
+# print itself fail. Tab and newline are kept only in multi-line text (logs, messages).
+_WIDE_CONTROLS = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE_LINE = re.compile(rf"[\x00-\x1f{_WIDE_CONTROLS}]")
+_UNSAFE_TEXT = re.compile(rf"[\x00-\x08\x0b-\x1f{_WIDE_CONTROLS}]")  # keeps tab and newline
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe(text: object, *, multiline: bool = False) -> str:
+    """``text`` as it may reach a terminal: every control character that a terminal
+    would act on (escape sequences, carriage return, bidi overrides...) becomes a
+    visible escape such as ``\\x1b`` or ``\\u202e``; the rest is kept as is. A single
+    line (file names, ids, paths) escapes newline and tab too, so a name cannot forge
+    output lines; ``multiline`` keeps them (and turns CRLF into LF) for log text and
+    messages. Use it on everything user-controlled that is printed: file names, doc and
+    job ids, log lines, error messages that echo paths. It does not escape Rich markup:
+    print the result with ``markup=False`` or through ``rich.markup.escape``."""
+    s = str(text)
+    if multiline:
+        return _UNSAFE_TEXT.sub(_visible, s.replace("\r\n", "\n"))
+    return _UNSAFE_LINE.sub(_visible, s)
 
 
 def prose(doc: str | None) -> str:
@@ -65,8 +95,10 @@ def command(app: typer.Typer, fn: F) -> F:
 
 
 def fail(e: DocintelError) -> NoReturn:
-    """Print the error as one line (its text is data, never markup) and exit with its code."""
-    console.print(f"[bold red]docintel: {error_kind(e)}:[/] {escape(str(e))}", highlight=False)
+    """Print the error (its text is data: never markup, control characters escaped) and
+    exit with its code."""
+    message = escape(safe(e, multiline=True))
+    console.print(f"[bold red]docintel: {error_kind(e)}:[/] {message}", highlight=False)
     raise typer.Exit(exit_code(e))
 
 
@@ -123,13 +155,14 @@ def print_run_summary(s: Any) -> None:
     """A run's summary table (or one line when the run was already complete)."""
     if s.already_complete:
         out.print(
-            f"run {s.run_id} in {s.output} is already complete: nothing to do "
-            f"({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} errors)"
+            f"run {safe(s.run_id)} in {safe(s.output)} is already complete: nothing to do "
+            f"({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} errors)",
+            markup=False,
         )
         return
     for w in s.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
-    t = Table(title=f"docintel run {s.run_id}", show_header=False)
+        console.print(f"[yellow]warning:[/] {escape(safe(w, multiline=True))}", highlight=False)
+    t = Table(title=f"docintel run {escape(safe(s.run_id))}", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", justify="right")
     t.add_row("documents", f"{s.documents:,}")
@@ -147,5 +180,5 @@ def print_run_summary(s: Any) -> None:
         t.add_row(f"{stage} batches by backend", served)
     for stage, pools in getattr(s, "replicas", {}).items():
         t.add_row(f"{stage} replicas", ", ".join(f"{k}: {n}" for k, n in sorted(pools.items())))
-    t.add_row("output", s.output)
+    t.add_row("output", Text(safe(s.output)))  # user data: never markup
     out.print(t)

@@ -16,15 +16,27 @@ Where things live:
   ``$XDG_CACHE_HOME/docintel``, else ``~/.cache/docintel``; never inside the installed
   package. ``[embed] int8_dir`` overrides the int8 folder. On a cluster the folder must
   be one every node sees, or the artefacts ship in the image (infra/Dockerfile.cpu).
+
+How derived artefacts are written (:func:`install`): staged under a hidden temporary name
+in the same folder, renamed into place whole, then its SHA-256 beside it
+(``<file>.sha256``, ``sha256sum -c`` format, also written whole). A reader never opens a
+half-written file; a cached file that no longer matches its checksum (truncated, damaged)
+is rebuilt by the next run (pipeline/derived.py). Builders of one folder, a run's first
+need and ``docintel quantize``, take its :func:`build_lock` first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
+import uuid
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 
-from docintel.pipeline.versions import fingerprint
+from docintel.pipeline.versions import file_digest, fingerprint
 
 # --- the classifier folder that `docintel train` writes ------------------------------------
 CLASSIFIER_MODEL_FILE = "model.keras"
@@ -61,6 +73,12 @@ INT8_MODEL_FILE = "model.int8.onnx"  # the int8 encoder, in <int8 dir>/
 # never changes the folder's fingerprint (which names the int8 encoder's version).
 FP32_MODEL_FILE = "model.fp32.onnx"
 BUILD_LOCK = ".build.lock"  # serialises builds of one folder across processes
+# Beside each derived artefact: its SHA-256 (not a .json: the folder's fingerprint, the
+# int8 encoder's version, counts .json files and must not change when it is written).
+CHECKSUM_SUFFIX = ".sha256"
+# Staged files and folders of a build: hidden, never a name a reader opens, never
+# fingerprinted; what a killed build left is removed under the build lock.
+TEMP_PREFIX = ".docintel-tmp-"
 RECIPE_FILE = "quantize.json"  # how the int8 encoder was built (and from which version)
 PARITY_FILE = "parity.json"  # int8 vs fp32 report
 # The int8 classifier: <int8 dir>/classify/<classifier version>.int8.onnx (one file; a new
@@ -124,3 +142,83 @@ def classifier_int8_path(int8_dir: Path, classifier_dir: Path) -> Path:
 def classifier_fp32_path(int8_dir: Path, classifier_dir: Path) -> Path:
     """Where the fp32 ONNX copy of ``classifier_dir`` is cached (beside its int8 copy)."""
     return int8_dir / CLASSIFIER_SUBDIR / f"{fingerprint(classifier_dir)}{CLASSIFIER_FP32_SUFFIX}"
+
+
+# --- writing derived artefacts whole, with a checksum --------------------------------------
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256 (hex), once per process while the file is unchanged (~0.2 s for
+    the 90 MB fp32 encoder): the model versions' hashing (pipeline/versions.py)."""
+    return file_digest(path)
+
+
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def staging_dir(folder: Path) -> Path:
+    """A new hidden folder inside ``folder`` to stage files in (same filesystem: the final
+    rename is atomic); the caller removes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = folder / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
+    staged.mkdir()
+    return staged
+
+
+def write_whole(target: Path, data: bytes) -> None:
+    """``target`` appears whole or not at all (a hidden sibling renamed into place)."""
+    staged = target.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{target.name}.tmp")
+    staged.write_bytes(data)
+    staged.chmod(0o644)
+    staged.replace(target)
+
+
+def write_checksum(path: Path) -> None:
+    """Record ``path``'s SHA-256 beside it, as ``sha256sum`` writes it."""
+    write_whole(checksum_path(path), f"{file_sha256(path)}  {path.name}\n".encode())
+
+
+def install(staged: Path, target: Path) -> Path:
+    """Move a finished artefact from ``staged`` (same filesystem) to ``target`` in one
+    rename, then write its checksum: a reader sees the old file or the whole new one, and
+    a checksum written before a crash never vouches for a file it does not describe."""
+    staged.chmod(0o644)  # temporary files are 0600; readers may be other users
+    staged.replace(target)
+    write_checksum(target)
+    return target
+
+
+MISSING = "does not exist"
+NO_CHECKSUM = "has no checksum beside it"
+
+
+def checksum_problem(path: Path) -> str | None:
+    """None if ``path`` matches the checksum beside it; else what is wrong."""
+    if not path.is_file():
+        return MISSING
+    try:
+        recorded = checksum_path(path).read_text().split()
+    except FileNotFoundError:
+        return NO_CHECKSUM
+    if not recorded or recorded[0] != file_sha256(path):
+        return "does not match its checksum (truncated, damaged or half-written)"
+    return None
+
+
+def remove_staged(folder: Path) -> None:
+    """Remove what killed builds staged in ``folder`` (call under its build lock)."""
+    for leftover in folder.glob(f"{TEMP_PREFIX}*") if folder.is_dir() else ():
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s build lock (an flock on ``folder/.build.lock``), waiting for a
+    build of another process; every builder of the folder (a run's first need, `docintel
+    quantize`) holds it, so one build happens at a time and the others find it done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / BUILD_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

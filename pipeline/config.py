@@ -33,6 +33,15 @@ DEFAULT_MAX_ID_BYTES = 1024
 # files stay small relative to work, small enough that one batch of long documents fits
 # comfortably in a 2-core/24 GiB node's object store and a progress bar moves.
 DEFAULT_BATCH_SIZE = 128
+# With GPU replicas ("auto" batch size on a run that can use GPUs): a batch holds about
+# this much text, so that one GPU call carries enough work to keep a card busy. A card
+# runs MiniLM at ~50,000 short sentences/s; ~60 bytes a sentence, 1 MiB is ~17,000
+# sentences, ~0.35 s of work per stage call (the target is >= 0.25 s), and the driver's
+# fixed cost per batch (~3 ms: five Ray calls) is then ~0.2 us per short document. Bounded
+# by MAX_BATCH_DOCS documents (pipeline/source.py); a batch's sentences by its text (a
+# sentence is at least 2 bytes with its separator: at most ~0.5 M sentences, ~0.8 GB of
+# 384-d embeddings in the worst case; ~17,000 and 26 MB for news-like text).
+DEFAULT_GPU_BATCH_BYTES = 1 << 20
 DEFAULT_PART_TARGET_MB = 64  # output files data lakes like: tens of MB, not thousands of KB
 # Batches admitted into the pipeline at once (read..write). 0 = auto: two per stage
 # replica slot, enough to keep every replica busy while bounding memory.
@@ -155,7 +164,21 @@ class InputConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)
+    @field_validator("batch_size")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError('a batch size is a whole number >= 1, or "auto"')
+        return v
+
+    def fixed_batch_size(self) -> int:
+        """The batch size where it cannot depend on the input ("auto": the CPU default)."""
+        return self.batch_size if isinstance(self.batch_size, int) else DEFAULT_BATCH_SIZE
+
+    # Documents per batch (the commit unit: written once, exactly once). "auto": sized by
+    # text bytes (gpu_batch_bytes) on a run that can use GPUs, else DEFAULT_BATCH_SIZE.
+    batch_size: int | Literal["auto"] = AUTO
+    gpu_batch_bytes: int = Field(DEFAULT_GPU_BATCH_BYTES, ge=1024)
     max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
     run_id: str = ""
     embeddings: bool = True
@@ -361,12 +384,20 @@ class StorageConfig(_Strict):
     s3_endpoint: str = ""
     s3_region: str = ""  # "" = the AWS chain's region (AWS_REGION, profile) or us-east-1
     s3_attempts: int = Field(DEFAULT_S3_ATTEMPTS, ge=1)
+    # The one-writer lease on S3 needs a store that honours If-None-Match / If-Match PUTs.
+    # "require" (default: a store that silently ignores them would let two writers share
+    # an output): probe once per bucket, refuse a store that ignores them (exit 2).
+    # "trust": no probe; on a store that ignores them the lease is advisory only, and
+    # keeping one process per output is up to you.
+    s3_conditional_writes: Literal["require", "trust"] = "require"
 
     @field_validator("s3_endpoint")
     @classmethod
     def _no_credentials(cls, v: str) -> str:
-        # The message never repeats the value: it holds a secret.
-        if "@" in v.partition("://")[2].partition("/")[0]:
+        # Any "@" is refused, with a scheme or without: "key:secret@host:9000" is userinfo
+        # too, and an endpoint (scheme, host, port) has no other place for one. The
+        # message never repeats the value: it holds a secret.
+        if "@" in v:
             raise ValueError(
                 "credentials (user:password@) in the endpoint URL are refused; give only "
                 "scheme, host and port, and credentials through the AWS chain"
@@ -389,6 +420,9 @@ class FaultsConfig(_Strict):
     # and writes placeholder results labelled ``gpu-model``, so a simulated cluster of
     # many stand-in GPU nodes measures the dispatcher, not this machine's cores. 0 = off.
     gpu_model_s_per_sentence: float = Field(0.0, ge=0)
+    # With the above: model the GPU replicas of rule-based stages too (the sentencizer:
+    # each document one sentence), so their CPU cost on this machine leaves a benchmark.
+    gpu_model_rule_based: bool = False
     # Seconds the replicas of this stage sleep before loading their model (a slow model
     # load, to test that the run starts without waiting for every replica).
     load_delay_stage: str = ""

@@ -25,7 +25,9 @@ class InputError(UsageError):
 
 
 class OutputError(UsageError):
-    """The output location cannot be used as given: missing bucket, no permission."""
+    """The output location cannot be used as given: missing bucket, no permission, a
+    read-only, immutable or full folder, a file in the path (an OS error while a run opens
+    its output, before any work; the same error later in the run fails it: exit code 1)."""
 
 
 class ModelError(UsageError):

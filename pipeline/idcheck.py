@@ -11,10 +11,15 @@ A Python set of every id costs ~200 bytes per id (20 GiB for 100 M documents). I
 4. Only if there are candidates, the id columns are read again and the ids whose hash is
    a candidate are compared exactly (a hash collision is never reported as a duplicate).
 
-Peak memory: one record batch of ids plus one bucket of hashes, ``8 x N / buckets`` bytes;
-the bucket count grows with the input (one bucket per BUCKET_IDS ids), so a bucket stays
-around 16 MB whatever N is. Time is linear in the id bytes, plus a second read of the
-id columns when candidates exist.
+Peak memory: one record batch of ids, the hashing scratch of at most HASH_BYTES of them,
+and one bucket of hashes, ``8 x N / buckets`` bytes. All three are sized in bytes, not
+rows, so long ids cannot blow them up: a read holds at most READ_BYTES of ids
+(``rows_per_read``: the rows that fit when every id is at the length limit), hashing
+takes ~40 bytes of numpy scratch per id byte and so goes HASH_BYTES at a time, and the
+bucket count grows with the input (one bucket per BUCKET_IDS ids), so a bucket stays
+around 16 MB whatever N is. (Reads of a fixed 65,536 rows peaked at 2.5 GiB with 1 KiB
+ids.) Time is linear in the id bytes, plus a second read of the id columns when
+candidates exist.
 """
 
 from __future__ import annotations
@@ -28,22 +33,46 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-READ_ROWS = 65_536  # ids per record batch read from a file (~40 MB of hashing scratch)
+READ_BYTES = 16 * 1024 * 1024  # id bytes per record batch read from a file, at most
+READ_ROWS = 65_536  # ids per record batch at most, however short the ids
+HASH_BYTES = 1024 * 1024  # id bytes hashed at once: ~40 MiB of numpy scratch
 BUCKET_IDS = 2_000_000  # ids per spill bucket on average: 16 MB of hashes in memory
 MAX_BUCKETS = 4096  # open spill files at most (file descriptors)
 _BASE = np.uint64(0x100000001B3)  # FNV prime: odd, spreads bytes over all 64 bits
 _SEED = np.uint64(0xCBF29CE484222325)
 
 
+def rows_per_read(max_id_bytes: int) -> int:
+    """Ids per record batch when reading id columns: as many as fit in READ_BYTES when
+    every id is ``max_id_bytes`` long (the configured limit, checked batch by batch), at
+    most READ_ROWS."""
+    return max(1, min(READ_ROWS, READ_BYTES // max(1, max_id_bytes)))
+
+
 def hash_ids(ids: pa.Array) -> np.ndarray:
     """A 64-bit polynomial hash per string: sum(byte_k * BASE**(len-1-k)) + SEED*BASE**len,
-    vectorised over the Arrow buffer (wrap-around uint64 arithmetic)."""
+    vectorised over the Arrow buffer (wrap-around uint64 arithmetic), HASH_BYTES of ids
+    at a time (at least one id)."""
     arr = pc.cast(ids, pa.large_string()) if ids.type != pa.large_string() else ids
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     n = len(arr)
     if n == 0:
         return np.zeros(0, np.uint64)
     offsets = np.frombuffer(arr.buffers()[1], np.int64, n + 1, arr.offset * 8)
+    if offsets[-1] - offsets[0] <= HASH_BYTES:
+        return _hash_slice(arr, offsets)
+    out = np.empty(n, np.uint64)
+    a = 0
+    while a < n:  # the longest run of ids from ``a`` within HASH_BYTES, at least one
+        b = max(a + 1, int(np.searchsorted(offsets, offsets[a] + HASH_BYTES, "right")) - 1)
+        out[a:b] = _hash_slice(arr.slice(a, b - a), offsets[a : b + 1])
+        a = b
+    return out
+
+
+def _hash_slice(arr: pa.Array, offsets: np.ndarray) -> np.ndarray:
+    """``hash_ids`` of a large_string array whose offsets (n + 1 of them) are given."""
+    n = len(arr)
     start, end = int(offsets[0]), int(offsets[-1])
     data = np.frombuffer(arr.buffers()[2], np.uint8, end - start, start).astype(np.uint64)
     lengths = np.diff(offsets)

@@ -331,4 +331,5 @@ def build_stage(cfg: Config, pool: Pool) -> Stage:
     replica's ``setup()``), as its registry entry builds it for the pool's backend, with
     the ``[faults]`` that apply to it (tests and benchmarks only)."""
     spec = registry.spec(cfg, pool.stage)
-    return wrap(spec.build(cfg, pool), cfg, pool.kind, spec.placeholder)
+    modelled = spec.has_weights or cfg.faults.gpu_model_rule_based
+    return wrap(spec.build(cfg, pool), cfg, pool.kind, spec.placeholder if modelled else None)

@@ -14,10 +14,19 @@ believe they hold it:
 
 The holder renews the claim from a heartbeat thread every third of its time to live. A
 holder that crashed stops renewing and its claim expires; a claim whose holder process is
-gone from this very host (a killed driver, then a resume) is taken over at once. A second
-writer finds the claim held and is refused with exit code 2, naming the holder, or waits
-up to ``wait_s`` for it. A holder that finds its claim taken (it stalled past its own
-expiry) stops before committing anything.
+gone from this very host (a killed driver, then a resume) is taken over at once. "This very
+host" means the same host name, PID namespace and boot: two containers sharing a host name
+(host networking, ``hostNetwork`` pods) cannot see each other's processes, so a claim from
+another PID namespace (or another boot, or written without them by an older docintel) is
+only taken over once it expires. A second writer finds the claim held and is refused with
+exit code 2, naming the holder, or waits up to ``wait_s`` for it. A holder that finds its
+claim taken (it stalled past its own expiry), or whose claim expired because its renewals
+kept failing, stops before committing anything (:meth:`Lease.check`).
+
+On S3 the claim is exclusive only if the store honours ``If-None-Match`` and ``If-Match``.
+Some S3-compatible stores ignore them and overwrite, so the capability is probed once per
+endpoint and bucket, before the first claim (:func:`check_conditional_writes`); a store
+that ignores them is refused (exit 2) unless ``[storage] s3_conditional_writes = "trust"``.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -36,16 +46,23 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import psutil
 import pyarrow.fs as pafs
 
 from docintel.pipeline.config import StorageConfig
-from docintel.pipeline.errors import OutputError, RunFailed
+from docintel.pipeline.errors import ConfigError, OutputError, RunFailed
 from docintel.pipeline.storage import display_uri, effective_endpoint, is_local
 
 LEASE_FILE = "_lease.json"  # leading underscore: pyarrow.dataset and docintel inputs skip it
 POLL_S = 1.0  # how often a waiting writer looks at the lease again
+PID_NAMESPACE_LINK = "/proc/self/ns/pid"  # Linux: "pid:[<inode>]", one per PID namespace
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"  # Linux: a new random id at every boot
+# The conditional-write probe's object, beside the lease (leading underscore: skipped by
+# readers); a unique name per probe, deleted at once.
+PROBE_PREFIX = "_docintel-probe-"
+PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 
 
 class LeaseHeld(OutputError):
@@ -53,12 +70,18 @@ class LeaseHeld(OutputError):
 
 
 class LeaseLost(RunFailed):
-    """Our claim expired and another writer took it: stop before committing anything."""
+    """Our claim was taken by another writer, or expired without a successful renewal:
+    stop before committing anything."""
+
+
+class ConditionalWritesUnsupported(ConfigError):
+    """The S3 store ignores conditional writes, so the lease would not be exclusive (exit
+    2, before any work)."""
 
 
 @dataclass(frozen=True)
 class Claim:
-    holder: str  # host:pid:start time:nonce
+    holder: str  # host:pid:start time:nonce:pid namespace:boot id (see Holder)
     purpose: str  # e.g. "run 20261201-1200-abc123" or "audit 2026-12-01"
     since: str  # ISO time the claim was first taken
     expires: float  # Unix time until which the claim holds unless renewed
@@ -78,21 +101,84 @@ class Claim:
         return f"{self.purpose} by {self.holder} since {self.since} (claim valid until {until})"
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace: the inode of ``/proc/self/ns/pid``; "host" on systems
+    without PID namespaces (macOS); "" when unknown (a holder without it is never judged
+    dead, only expired)."""
+    if not sys.platform.startswith("linux"):
+        return "host"
+    try:
+        link = str(Path(PID_NAMESPACE_LINK).readlink())
+    except OSError:
+        return ""
+    return "".join(c for c in link if c.isdigit())
+
+
+def boot_id() -> str:
+    """This boot of the machine: the kernel's random boot id ("" when unknown); elsewhere
+    than Linux, the boot time."""
+    if not sys.platform.startswith("linux"):
+        return f"boot{int(psutil.boot_time())}"
+    try:
+        return Path(BOOT_ID_FILE).read_text().strip().replace(":", "")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a claim, written ``host:pid:start time:nonce:pid namespace:boot id``.
+
+    Older docintel versions wrote the first four fields only; their claims parse with an
+    empty namespace and boot id, so they are never judged dead, only expired."""
+
+    host: str
+    pid: int
+    started: int  # the process's start time (whole seconds): a reused pid differs
+    nonce: str
+    pid_ns: str = ""
+    boot: str = ""
+
+    def __str__(self) -> str:
+        fields = [self.host, str(self.pid), str(self.started), self.nonce]
+        return ":".join([*fields, self.pid_ns, self.boot])
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        parts = text.split(":")
+        if len(parts) not in (4, 6) or not parts[1].isdigit() or not parts[2].isdigit():
+            return None
+        ns, boot = parts[4:6] if len(parts) == 6 else ("", "")
+        return cls(parts[0], int(parts[1]), int(parts[2]), parts[3], ns, boot)
+
+    @classmethod
+    def me(cls) -> Holder:
+        p = psutil.Process()
+        nonce = uuid.uuid4().hex[:8]
+        return cls(
+            socket.gethostname(), p.pid, int(p.create_time()), nonce, pid_namespace(), boot_id()
+        )
+
+    def sees_my_processes(self) -> bool:
+        """Same host, PID namespace and boot as this process: its pid means the same here."""
+        here = (socket.gethostname(), pid_namespace(), boot_id())
+        return all(here) and (self.host, self.pid_ns, self.boot) == here
+
+
 def this_holder() -> str:
-    """``host:pid:process start time:nonce``: unique, and tells whether it is still alive."""
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}:{uuid.uuid4().hex[:8]}"
+    """This process as a claim's holder: unique, and tells whether it is still alive."""
+    return str(Holder.me())
 
 
 def holder_is_dead(holder: str) -> bool:
-    """Only for holders on this host: their process is gone (or its pid was reused)."""
-    host, _, rest = holder.partition(":")
-    pid, _, rest = rest.partition(":")
-    started = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit() or not started.isdigit():
+    """Only for holders in this very PID namespace of this boot of this host: their process
+    is gone (or its pid was reused). Anyone else (another container with the same host
+    name, a claim without namespace and boot id): not known dead, so wait for expiry."""
+    h = Holder.parse(holder)
+    if h is None or not h.sees_my_processes():
         return False
     try:
-        return int(psutil.Process(int(pid)).create_time()) != int(started)
+        return int(psutil.Process(h.pid).create_time()) != h.started
     except psutil.NoSuchProcess:
         return True
 
@@ -176,8 +262,13 @@ class LocalStore:
                 self.path.unlink()
 
 
+def _code(e: Exception) -> str:
+    return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+
+
 class S3Store:
-    """An S3 lease object, changed only by conditional requests (boto3)."""
+    """An S3 lease object, changed only by conditional requests (boto3). Before its first
+    write, the store's support for them is probed (once per endpoint and bucket)."""
 
     def __init__(self, bucket: str, key: str, storage: StorageConfig) -> None:
         import boto3
@@ -192,9 +283,12 @@ class S3Store:
             config=BotoConfig(retries=retries),  # type: ignore[arg-type]
         )
         self.bucket, self.key = bucket, key
+        self.endpoint = endpoint or ""
+        self.trust = storage.s3_conditional_writes == "trust"
 
-    def _code(self, e: Exception) -> str:
-        return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+    def _checked(self) -> None:
+        if not self.trust:
+            check_conditional_writes(self.client, self.endpoint, self.bucket, self.key)
 
     def read(self) -> tuple[bytes, str] | None:
         try:
@@ -209,15 +303,17 @@ class S3Store:
         try:
             r = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data, **condition)
         except ClientError as e:
-            if self._code(e) in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
+            if _code(e) in PRECONDITION_FAILED:
                 return None
             raise
         return r["ETag"]
 
     def create(self, data: bytes) -> str | None:
+        self._checked()
         return self._put(data, IfNoneMatch="*")
 
     def swap(self, data: bytes, tag: str) -> str | None:
+        self._checked()
         return self._put(data, IfMatch=tag)
 
     def delete(self, tag: str) -> None:
@@ -225,6 +321,76 @@ class S3Store:
 
         with contextlib.suppress(ClientError):  # changed meanwhile: not ours any more
             self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=tag)
+
+
+_PROBED: set[tuple[str, str]] = set()  # (endpoint, bucket) found to honour conditions
+_PROBE_MUTEX = threading.Lock()
+
+
+def _conditional_put(client: Any, bucket: str, key: str, **condition: str) -> bool:
+    """PUT a tiny body under ``condition``: True if stored, False if refused (412)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"docintel probe", **condition)
+    except ClientError as e:
+        if _code(e) in PRECONDITION_FAILED:
+            return False
+        raise
+    return True
+
+
+def _ignored_conditions(client: Any, bucket: str, key: str) -> list[str]:
+    """Which conditions a store ignored on a fresh key: a second ``If-None-Match: *`` PUT
+    and an ``If-Match`` PUT naming a version that never existed must both be refused."""
+    if not _conditional_put(client, bucket, key, IfNoneMatch="*"):
+        return ["If-None-Match (refused a PUT of a key that did not exist)"]
+    ignored = []
+    if _conditional_put(client, bucket, key, IfNoneMatch="*"):
+        ignored.append("If-None-Match (a second PUT of an existing key succeeded)")
+    if _conditional_put(client, bucket, key, IfMatch=f'"{"0" * 32}"'):
+        ignored.append("If-Match (a PUT naming another version succeeded)")
+    return ignored
+
+
+def _store_name(endpoint: str, bucket: str) -> str:
+    """``bucket`` on the endpoint as scheme://host:port (never any user info or path)."""
+    if not endpoint:
+        return f"bucket {bucket!r} on AWS S3"
+    url = urlsplit(endpoint)
+    host = url.hostname or "?"
+    return f"bucket {bucket!r} on {url.scheme}://{host}{f':{url.port}' if url.port else ''}"
+
+
+def check_conditional_writes(client: Any, endpoint: str, bucket: str, key: str) -> None:
+    """Probe once per endpoint and bucket (per process) that the store honours conditional
+    PUTs, on a unique key beside ``key`` that is deleted again; refuse a store that ignores
+    them (ConditionalWritesUnsupported, exit 2) or rejects them (NotImplemented)."""
+    from botocore.exceptions import ClientError
+
+    with _PROBE_MUTEX:
+        if (endpoint, bucket) in _PROBED:
+            return
+        folder = key.rpartition("/")[0]
+        probe = f"{folder}/{PROBE_PREFIX}{uuid.uuid4().hex[:12]}".lstrip("/")
+        try:
+            ignored = _ignored_conditions(client, bucket, probe)
+        except ClientError as e:
+            if _code(e) not in {"NotImplemented", "501"}:
+                raise
+            ignored = [f"conditional PUTs (refused: {_code(e)})"]
+        finally:
+            with contextlib.suppress(ClientError):
+                client.delete_object(Bucket=bucket, Key=probe)
+        if ignored:
+            raise ConditionalWritesUnsupported(
+                f"the S3 store ({_store_name(endpoint, bucket)}) does not honour conditional "
+                f"writes: {'; '.join(ignored)}. docintel's one-writer-per-output lease needs "
+                "them (AWS S3 honours them). Use a store that does, or, if "
+                "you make sure yourself that one process at a time writes each output, set "
+                '[storage] s3_conditional_writes = "trust"'
+            )
+        _PROBED.add((endpoint, bucket))
 
 
 def store_for(fs: pafs.FileSystem, folder: str, storage: StorageConfig) -> Store:
@@ -257,20 +423,30 @@ class Lease:
         self.holder = this_holder()
         self.since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.tag: str | None = None
+        # Unix time until which our last successful write makes the claim ours: check()
+        # fails past it, renewed or not (another writer may have taken it since)
+        self.valid_until = 0.0
         self.lost: str | None = None  # why the claim was lost, once it was
         self.last_error: Exception | None = None  # of the last failed renewal (retried)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
 
-    def _claim(self) -> bytes:
-        return Claim(self.holder, self.purpose, self.since, time.time() + self.ttl_s).encode()
+    def _claim(self) -> tuple[bytes, float]:
+        """Our claim as written now, and until when it holds (counted from before the
+        write, so never later than what the store holds)."""
+        expires = time.time() + self.ttl_s
+        return Claim(self.holder, self.purpose, self.since, expires).encode(), expires
+
+    def _held(self, tag: str, expires: float) -> None:
+        self.tag, self.valid_until = tag, expires
 
     def _try(self) -> Claim | None:
         """Take the claim if free, expired or dead; else return the live holder's claim."""
-        tag = self.store.create(self._claim())
+        data, expires = self._claim()
+        tag = self.store.create(data)
         if tag is not None:
-            self.tag = tag
+            self._held(tag, expires)
             return None
         current = self.store.read()
         if current is None:
@@ -279,14 +455,15 @@ class Lease:
         if theirs.holder == self.holder:
             # our own write landed but its answer was lost and the retried request was
             # refused by its own condition: the claim is ours
-            self.tag = current[1]
+            self._held(current[1], theirs.expires)
             return None
         if theirs.expires > time.time() and not holder_is_dead(theirs.holder):
             return theirs
-        tag = self.store.swap(self._claim(), current[1])
+        data, expires = self._claim()
+        tag = self.store.swap(data, current[1])
         if tag is None:
             return self._try()  # someone else changed it first: look again
-        self.tag = tag
+        self._held(tag, expires)
         return None
 
     def acquire(self) -> None:
@@ -306,16 +483,17 @@ class Lease:
         with self._mutex:
             if self.lost or self.tag is None:
                 return
-            tag = self.store.swap(self._claim(), self.tag)
+            data, expires = self._claim()
+            tag = self.store.swap(data, self.tag)
             if tag is not None:
-                self.tag = tag
+                self._held(tag, expires)
                 return
             current = self.store.read()
             theirs = Claim.decode(current[0]) if current else None
             if current is not None and theirs is not None and theirs.holder == self.holder:
                 # a retried renewal: the first attempt landed, its answer was lost, and
                 # the retry's If-Match named the version it had just replaced
-                self.tag = current[1]
+                self._held(current[1], theirs.expires)
                 return
             who = theirs.describe() if theirs else "nobody (deleted)"
             self.lost = f"the lease on {self.where} was taken over: now held {who}"
@@ -329,9 +507,20 @@ class Lease:
                 self.last_error = e
 
     def check(self) -> None:
-        """Raise LeaseLost if another writer has taken our claim."""
+        """Raise LeaseLost if another writer has taken our claim, or if it expired without
+        a successful renewal (renewals failing: another writer may take it any moment)."""
         if self.lost:
             raise LeaseLost(f"{self.lost}; this run stops without committing")
+        if self.tag is not None and time.time() >= self.valid_until:
+            until = dt.datetime.fromtimestamp(self.valid_until, dt.UTC).isoformat(
+                timespec="seconds"
+            )
+            why = f" (last error: {self.last_error})" if self.last_error else ""
+            raise LeaseLost(
+                f"the lease on {self.where} expired at {until} without a successful "
+                f"renewal{why}; another writer may take it over, so this run stops without "
+                "committing"
+            )
 
     def release(self) -> None:
         self._stop.set()

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from docintel.pipeline.artefacts import (
     FP32_MODEL_FILE,
@@ -133,7 +134,10 @@ class StageSpec:
     heavy: bool = False
     int8: bool = False  # its CPU replicas can run an int8 copy (a spill pool)
     check: Callable[[Config], StageFacts] = lambda _cfg: StageFacts()
-    placeholder: Callable[[Config], Callable[[int], dict[str, pa.Array]]] | None = None
+    placeholder: Callable[[Config], Callable[[pa.Table], dict[str, pa.Array]]] | None = None
+    # Runs model weights (a rule-based stage does not: its modelled replicas stand in only
+    # with [faults] gpu_model_rule_based, to take its CPU cost out of a benchmark).
+    has_weights: bool = True
     builtin: bool = True
     settings: Mapping[str, Any] = field(default_factory=dict)  # [stages.<name>]
 
@@ -242,12 +246,28 @@ def _fixed_size_rows(row: np.ndarray, n: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(flat, len(row))
 
 
-def _embed_placeholder(cfg: Config) -> Callable[[int], dict[str, pa.Array]]:
+def _sentencize_placeholder(_cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]:
+    """Each document is one sentence, its whole text (no spaCy)."""
+
+    def columns(table: pa.Table) -> dict[str, pa.Array]:
+        n = table.num_rows
+        ends = pc.utf8_length(table[TEXT]).cast(pa.int64())
+        return {
+            SENT_INDEX: pa.array(np.zeros(n, np.int32)),
+            START_CHAR: pa.array(np.zeros(n, np.int64)),
+            END_CHAR: pc.fill_null(ends, 0),
+        }
+
+    return columns
+
+
+def _embed_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]:
     """A fixed unit vector of the encoder's size, 0 tokens, not truncated (no torch)."""
     dim = embedding_dim(cfg.embed.resolved_model_path())
     unit = np.full(dim, 1.0 / math.sqrt(dim), np.float32)
 
-    def columns(n: int) -> dict[str, pa.Array]:
+    def columns(table: pa.Table) -> dict[str, pa.Array]:
+        n = table.num_rows
         return {
             EMBEDDING: _fixed_size_rows(unit, n),
             N_TOKENS: pa.array(np.zeros(n, np.int32)),
@@ -257,12 +277,13 @@ def _embed_placeholder(cfg: Config) -> Callable[[int], dict[str, pa.Array]]:
     return columns
 
 
-def _classify_placeholder(cfg: Config) -> Callable[[int], dict[str, pa.Array]]:
+def _classify_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]:
     """The first label with uniform probabilities (no TensorFlow)."""
     labels, _ = read_classifier_meta(cfg.classify.resolved_model_dir())
     k = len(labels)
 
-    def columns(n: int) -> dict[str, pa.Array]:
+    def columns(table: pa.Table) -> dict[str, pa.Array]:
+        n = table.num_rows
         return {
             LABEL: pa.array([labels[0]] * n, pa.string()),
             SCORE: pa.array(np.full(n, 1.0 / k, np.float32)),
@@ -278,6 +299,8 @@ SENTENCIZE = StageSpec(
     backends={"spacy": Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
     choose=lambda _cfg, _pool: "spacy",
     check=_check_sentencize,
+    placeholder=_sentencize_placeholder,
+    has_weights=False,
 )
 
 EMBED = StageSpec(

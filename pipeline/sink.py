@@ -37,7 +37,10 @@ naming protocol: consecutive small batches are merged into groups of about
 2. its ``documents`` parts are merged last, with every member batch's stats in the merged
    footer: the merged documents part is the group's commit point, as a batch's own
    documents part is the batch's;
-3. then the member batches' own parts are deleted.
+3. then, once every group is merged, the member batches' own parts are deleted, in a
+   second round of tasks: the task map checks the output's lease before each one (the
+   runner's tasks also refuse to start past the claim's expiry), so a writer that lost
+   its lease during the merges deletes nothing.
 
 A crash anywhere leaves a state that :meth:`ParquetPartsSink.settle` (run by ``resume``)
 turns back into exactly one copy of every batch: a merged documents part wins over its
@@ -291,7 +294,8 @@ class RunSink(ABC):
     @abstractmethod
     def open(self) -> Existing:
         """Look at OUTPUT without changing it: a committed manifest, else an unfinished
-        run's state, else neither."""
+        run's state, else neither. Refuses (UsageError) an OUTPUT no run may write, so the
+        caller refuses before it takes the lease; :meth:`start` checks again under it."""
 
     @abstractmethod
     def start(self, state: dict[str, Any]) -> None:
@@ -498,9 +502,12 @@ class ParquetPartsSink(RunSink):
     def open(self) -> Existing:
         manifest = read_manifest(self.fs, self.root)
         state = None if manifest is not None else read_json(self.fs, f"{self.root}/{RUN_STATE}")
+        if manifest is None and state is None:
+            self._refuse_foreign()  # a file, or tables of no run
         return Existing(manifest, state)
 
-    def start(self, state: dict[str, Any]) -> None:
+    def _refuse_foreign(self) -> None:
+        """Tables without a run state are not a run of ours: never write among them."""
         fs, root = self.fs, self.root
         if fs.get_file_info(root).type == pafs.FileType.File:
             raise UsageError(f"output {self.uri} is a file; give a folder or s3:// prefix")
@@ -510,7 +517,10 @@ class ParquetPartsSink(RunSink):
                 f"output {self.uri} already holds docintel tables but no run "
                 "state; choose an empty output folder"
             )
-        atomic_write(fs, f"{root}/{RUN_STATE}", json.dumps(state).encode())
+
+    def start(self, state: dict[str, Any]) -> None:
+        self._refuse_foreign()  # again: open() looked before the caller took the lease
+        atomic_write(self.fs, f"{self.root}/{RUN_STATE}", json.dumps(state).encode())
 
     def resume(self) -> dict[str, BatchStats]:
         committed = self.settle()  # first: it settles what a crash left
@@ -555,9 +565,13 @@ class ParquetPartsSink(RunSink):
         return stats
 
     def finish(self, task_map: TaskMap) -> dict[str, Any]:
+        """Merge every group, then (a second round, each task submitted under a fresh check
+        of the lease) delete the members' own parts."""
         t0 = time.perf_counter()
         groups = self.plan_groups()
-        removed = sum(task_map(self.merge_group, groups))
+        for _ in task_map(self.write_merged, groups):
+            pass
+        removed = sum(task_map(self.delete_members, groups))
         return {
             "merged_groups": len(groups),
             "merged_batches": sum(len(g.batch_ids) for g in groups),
@@ -582,13 +596,16 @@ class ParquetPartsSink(RunSink):
 
     def merge_group(self, group: Group) -> int:
         """Merge one group's parts (documents last), then delete its members' own parts;
-        the number of parts deleted.
+        the number of parts deleted (tools: one group in this process)."""
+        self.write_merged(group)
+        return self.delete_members(group)
 
-        Idempotent: a merged part already written is not written again, and a member's part
-        already deleted is skipped."""
+    def write_merged(self, group: Group) -> str:
+        """Merge one group's parts into its merged parts, documents last (the group's commit
+        point); the group's name. Idempotent: a group whose merged documents part exists
+        (a retried task) is not written again. Deletes nothing."""
         fs, root = self.fs, self.root
         stats: list[dict] = []
-        # the commit point already passed (a retried task): only the deletes are left
         done = _exists(fs, part_path(root, "documents", group.name))
         for table in () if done else MERGE_ORDER:
             tables = []
@@ -601,8 +618,19 @@ class ParquetPartsSink(RunSink):
             if table == "documents":
                 out = out.replace_schema_metadata({BATCHES_KEY: json.dumps(stats).encode()})
             atomic_write(fs, part_path(root, table, group.name), out)
-        members = [part_path(root, t, b) for t in TABLES for b in group.batch_ids]
-        delete_parts(fs, members)
+        return group.name
+
+    def delete_members(self, group: Group) -> int:
+        """Delete the members' own parts of a group whose merged documents part exists (else
+        nothing: without it they are the only copy); the number of parts deleted.
+        Idempotent: a part already deleted is skipped."""
+        if not _exists(self.fs, part_path(self.root, "documents", group.name)):
+            raise OSError(
+                f"group {group.name} of {self.uri} has no merged documents part: its members' "
+                "own parts are kept (a resume merges them again)"
+            )
+        members = [part_path(self.root, t, b) for t in TABLES for b in group.batch_ids]
+        delete_parts(self.fs, members)
         return len(members)
 
     def table_files(self) -> dict[str, dict[str, int]]:

@@ -30,13 +30,12 @@ import pyarrow.parquet as pq
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import InputError
-from docintel.pipeline.idcheck import READ_ROWS, find_duplicates
+from docintel.pipeline.idcheck import find_duplicates, rows_per_read
 from docintel.pipeline.schema import DOC_ID, TEXT, error_table
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 
 _GLOB_CHARS = "*?["
 MAX_REPORTED_DUPLICATES = 5  # enough to find the pattern, short enough to read
-ID_BATCH_ROWS = READ_ROWS  # ids per record batch when checking them
 
 
 @dataclass(frozen=True)
@@ -210,29 +209,81 @@ def plan(
     fs: pafs.FileSystem, files: list[InputFile], id_column: str, text_column: str, batch_size: int
 ) -> list[WorkUnit]:
     """Check every file's columns and cut its row groups into batches (footers only)."""
+    return plan_sized(fs, files, id_column, text_column, batch_size)[0]
+
+
+def plan_sized(
+    fs: pafs.FileSystem,
+    files: list[InputFile],
+    id_column: str,
+    text_column: str,
+    batch_size: int,
+    target_bytes: int = 0,
+) -> tuple[list[WorkUnit], int]:
+    """:func:`plan`; with ``target_bytes``, the batch size is instead sized so that a batch
+    holds about that many bytes of text, from the footers' uncompressed sizes of the text
+    column (the mean over every file: one batch size for the run, deterministic for the
+    same input), within [batch_size, MAX_BATCH_DOCS]. Returns the units and the size."""
+    # per file, per row group: (rows, bytes, text column bytes), small whatever the footer
+    shapes = [(f, _row_groups(_checked(fs, f, id_column, text_column), text_column)) for f in files]
+    if target_bytes:
+        batch_size = _sized(shapes, target_bytes, batch_size)
     units = []
-    for f in files:
-        pf = _open(fs, f)
-        names = pf.schema_arrow.names
-        for col, flag in ((id_column, "--id-column"), (text_column, "--text-column")):
-            if col not in names:
-                raise InputError(
-                    f"input file {f.uri} has no column {col!r} (set it with {flag}); its "
-                    f"columns are: {', '.join(names)}"
-                )
-        id_type = pf.schema_arrow.field(id_column).type
-        if not (
-            pa.types.is_string(id_type)
-            or pa.types.is_large_string(id_type)
-            or pa.types.is_integer(id_type)
-            or pa.types.is_dictionary(id_type)
-        ):
+    for f, groups in shapes:
+        units += _units(f, groups, batch_size)
+    return units, batch_size
+
+
+def _row_groups(md: pq.FileMetaData, text_column: str) -> list[tuple[int, int, int]]:
+    col = md.schema.to_arrow_schema().get_field_index(text_column)
+    out = []
+    for rg in range(md.num_row_groups):
+        meta = md.row_group(rg)
+        out.append((meta.num_rows, meta.total_byte_size, meta.column(col).total_uncompressed_size))
+    return out
+
+
+# Upper bound of a batch sized by bytes, in documents: 16,384 one-sentence documents are
+# ~0.33 s of a card's work per call, and the footers' sizes can underestimate the text
+# (a dictionary-encoded column of repeated texts is smaller than the texts), so this cap,
+# not the byte target, bounds a batch of short or repetitive documents.
+MAX_BATCH_DOCS = 16_384
+
+
+def _sized(
+    shapes: list[tuple[InputFile, list[tuple[int, int, int]]]], target: int, low: int
+) -> int:
+    rows = sum(n for _, groups in shapes for n, _, _ in groups)
+    text = sum(t for _, groups in shapes for _, _, t in groups)
+    if not rows:
+        return low
+    return max(low, min(MAX_BATCH_DOCS, int(target / max(text / rows, 1.0))))
+
+
+def _checked(
+    fs: pafs.FileSystem, f: InputFile, id_column: str, text_column: str
+) -> pq.FileMetaData:
+    """The file's footer, after checking it has the id and text columns, ids typed."""
+    pf = _open(fs, f)
+    names = pf.schema_arrow.names
+    for col, flag in ((id_column, "--id-column"), (text_column, "--text-column")):
+        if col not in names:
             raise InputError(
-                f"input file {f.uri}: id column {id_column!r} has type {id_type}; "
-                "expected strings or integers"
+                f"input file {f.uri} has no column {col!r} (set it with {flag}); its "
+                f"columns are: {', '.join(names)}"
             )
-        units += _units(f, pf.metadata, batch_size)
-    return units
+    id_type = pf.schema_arrow.field(id_column).type
+    if not (
+        pa.types.is_string(id_type)
+        or pa.types.is_large_string(id_type)
+        or pa.types.is_integer(id_type)
+        or pa.types.is_dictionary(id_type)
+    ):
+        raise InputError(
+            f"input file {f.uri}: id column {id_column!r} has type {id_type}; "
+            "expected strings or integers"
+        )
+    return pf.metadata
 
 
 def _slices(f: InputFile, rg: int, rows: int, size: int, batch_size: int) -> list[WorkUnit]:
@@ -249,28 +300,28 @@ def _slices(f: InputFile, rg: int, rows: int, size: int, batch_size: int) -> lis
     return units
 
 
-def _units(f: InputFile, md: pq.FileMetaData, batch_size: int) -> list[WorkUnit]:
+def _units(f: InputFile, shape: list[tuple[int, int, int]], batch_size: int) -> list[WorkUnit]:
     """Row groups with at least a batch of rows are a unit each (cut in slices when over
     UNIT_BYTES); runs of smaller ones are merged until they hold a batch or UNIT_BYTES."""
     units: list[WorkUnit] = []
     groups: list[int] = []
     rows = size = 0
-    for rg in range(md.num_row_groups):
-        meta = md.row_group(rg)
-        if meta.num_rows == 0:
+    last_rg = len(shape) - 1
+    for rg, (num_rows, total_bytes, _) in enumerate(shape):
+        if num_rows == 0:
             continue
-        if meta.total_byte_size > UNIT_BYTES and meta.num_rows > batch_size:
+        if total_bytes > UNIT_BYTES and num_rows > batch_size:
             if groups:  # what was merged so far is a unit of its own
                 k = -(-rows // batch_size)
                 ids = tuple(f"{f.key}-{groups[0]:05d}-{b:05d}" for b in range(k))
                 units.append(WorkUnit(f, tuple(groups), rows, ids))
                 groups, rows, size = [], 0, 0
-            units += _slices(f, rg, meta.num_rows, meta.total_byte_size, batch_size)
+            units += _slices(f, rg, num_rows, total_bytes, batch_size)
             continue
         groups.append(rg)
-        rows += meta.num_rows
-        size += meta.total_byte_size
-        if rows >= batch_size or size >= UNIT_BYTES or rg == md.num_row_groups - 1:
+        rows += num_rows
+        size += total_bytes
+        if rows >= batch_size or size >= UNIT_BYTES or rg == last_rg:
             k = -(-rows // batch_size)
             ids = tuple(f"{f.key}-{groups[0]:05d}-{b:05d}" for b in range(k))
             units.append(WorkUnit(f, tuple(groups), rows, ids))
@@ -319,7 +370,10 @@ def check_ids(
     def read_ids() -> Iterator[tuple[str, pa.Array]]:
         for f in files:
             row = 0
-            for rb in _open(fs, f).iter_batches(batch_size=ID_BATCH_ROWS, columns=[id_column]):
+            batches = _open(fs, f).iter_batches(  # sized in bytes: pipeline/idcheck.py
+                batch_size=rows_per_read(max_id_bytes), columns=[id_column]
+            )
+            for rb in batches:
                 ids = pc.cast(rb.column(0), pa.string())
                 _check_id_batch(ids, f, row, id_column, max_id_bytes)
                 row += rb.num_rows

@@ -88,24 +88,27 @@ class ConfiguredS3FileSystem(pafs.S3FileSystem):
 def check_endpoint(endpoint: str, source: str) -> SplitResult:
     """An S3 endpoint URL, checked: scheme, host, optional port, nothing else.
 
-    Credentials in the URL (``http://KEY:SECRET@host``) are refused without echoing them:
-    they would travel in the config, the manifest and every pickled filesystem.
+    Credentials in it (``http://KEY:SECRET@host``, or ``KEY:SECRET@host`` without a scheme)
+    are refused: they would travel in the config, the manifest and every pickled
+    filesystem. No message repeats the value (``source`` names where it came from): a
+    value that is not a plain endpoint may hold a secret in a form we do not recognise.
     """
-    url = urlsplit(endpoint)
-    try:
-        has_userinfo = "@" in url.netloc or url.username is not None
-    except ValueError:
-        has_userinfo = True
-    if has_userinfo:
+    if "@" in endpoint:  # userinfo, whatever the scheme; an endpoint has no other "@"
         raise ConfigError(
             f"{source} holds credentials (user:password@ in the URL); docintel refuses them. "
             "Give only scheme, host and port, and the credentials through the AWS chain "
             "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance/pod role)"
         )
-    if url.scheme not in ("http", "https") or not url.netloc or url.path not in ("", "/"):
+    url = urlsplit(endpoint)
+    try:
+        valid = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        valid = False
+    if not valid or url.path not in ("", "/") or url.query or url.fragment:
         raise ConfigError(
-            f"{source} {endpoint!r} is not an endpoint URL; write the scheme, host and port, "
-            'e.g. "http://127.0.0.1:9000" or "https://s3.example.com" (the scheme decides TLS)'
+            f"{source} is not an endpoint URL (its value is not repeated here); write only "
+            'the scheme, host and port, e.g. "http://127.0.0.1:9000" or '
+            '"https://s3.example.com" (the scheme decides TLS)'
         )
     return url
 

@@ -138,3 +138,20 @@ def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     yield root
     for mod in [m for m in sys.modules if m.startswith(PACKAGE)]:
         del sys.modules[mod]
+
+
+def kill_and_await_restart(handle: object, timeout: float = 120) -> tuple[int, int | None]:
+    """Kill a stage actor as an OOM kill would (Ray restarts it), then wait for its new
+    process: (old pid, new pid, or None if none came up in ``timeout``)."""
+    import ray
+
+    old = ray.get(handle.ready.remote())["pid"]  # type: ignore[attr-defined]
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # the kill is asynchronous; wait for the new one
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            pid = ray.get(handle.ready.remote())["pid"]  # type: ignore[attr-defined]
+            if pid != old:
+                return old, pid
+        time.sleep(0.2)
+    return old, None

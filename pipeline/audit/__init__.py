@@ -11,8 +11,10 @@ Layout under the audit OUTPUT (a local folder or an ``s3://`` prefix)::
     _audit/state.json                   written last, only when an audit completes: model
                                         versions, source files {path: size, mtime_ns} as
                                         seen when that audit started, completed audits
-    _audit/doc_index.parquet            doc_id, content_hash, processed_date, source_file:
-                                        one row per document of the source
+    _audit/doc_index-<date>-<nonce>.parquet
+                                        the index of the last completed audit, named in
+                                        state.json ("index"): doc_id, content_hash,
+                                        processed_date, source_file, one row per document
     _audit/inputs/run_date=D/           the night's staging input (new + changed documents
                                         only, one Parquet file per source file that has
                                         some), then _selection.json (the selection's

@@ -103,7 +103,7 @@ def select_documents(
     if skipped and not opened and not unread:
         raise skipped[0][1]
     joined = _checked_join(opened, old, unread_paths, id_col)
-    rows_per_group = cfg.run.batch_size * STAGING_BATCHES_PER_ROW_GROUP
+    rows_per_group = cfg.run.fixed_batch_size() * STAGING_BATCHES_PER_ROW_GROUP
     night = _Night(src_fs, lay.fs, id_col, text_col, day, models_changed, rows_per_group)
     counts, tonight, read_ok = _stage_files(night, lay.staging(day), opened, joined, skipped)
 

@@ -1,11 +1,21 @@
 """The audit root: its layout, ``state.json`` (the record of completed audits), the doc
-index, and what a crash leaves behind (pending and incomplete staging)."""
+index, and what a crash leaves behind (pending and incomplete staging).
+
+The doc index is one file per committed night, ``_audit/doc_index-<date>-<nonce>.parquet``,
+and the state names the one it goes with (``"index"``). A night writes its index under a
+new name, then swaps the state (compare-and-swap): until the swap the previous state and
+its index are untouched, and a failed swap (another writer changed the state) deletes only
+the new index, which nothing names. After a successful swap the superseded indexes are
+deleted. A state of version 1 (before per-night indexes) names ``doc_index.parquet``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,12 +36,15 @@ if TYPE_CHECKING:
 
 AUDIT_DIR = "_audit"  # leading underscore: pyarrow.dataset and docintel inputs skip it
 STATE_FILE = "state.json"
-DOC_INDEX_FILE = "doc_index.parquet"
+DOC_INDEX_FILE = "doc_index.parquet"  # the index of a version-1 state (one, rewritten)
+INDEX_PREFIX = "doc_index-"  # doc_index-<date>-<nonce>.parquet: one per committed night
+INDEX_SUFFIX = ".parquet"
 INPUTS_DIR = "inputs"
 SELECTION_FILE = "_selection.json"  # written last into a staging folder: it is complete
 PENDING_INDEX_FILE = "_doc_index.parquet"  # the index as it will be once the night completes
 PARTITION_KEY = "run_date"  # hive-style: OUTPUT/run_date=YYYY-MM-DD/documents/...
-STATE_VERSION = 1  # bump when a key of state.json changes meaning
+STATE_VERSION = 2  # bump when a key of state.json changes meaning (2: "index" names it)
+READABLE_VERSIONS = (1, STATE_VERSION)  # 1: the index is DOC_INDEX_FILE
 
 CONTENT_HASH = "content_hash"
 PROCESSED_DATE = "processed_date"
@@ -116,7 +129,12 @@ class AuditLayout:
 
     @property
     def index(self) -> str:
+        """The index of a version-1 state; see :meth:`index_of`."""
         return f"{self.audit_dir}/{DOC_INDEX_FILE}"
+
+    def index_of(self, state: dict[str, Any] | None) -> str:
+        """The doc index that goes with ``state`` (the one it names)."""
+        return f"{self.audit_dir}/{index_name(state)}"
 
     @property
     def inputs(self) -> str:
@@ -166,19 +184,29 @@ def write_json(lay: AuditLayout, path: str, data: dict[str, Any]) -> None:
 # --- the state -----------------------------------------------------------------------------
 
 
+def index_name(state: dict[str, Any] | None) -> str:
+    """The file name, under ``_audit/``, of the doc index that goes with ``state``."""
+    name = (state or {}).get("index", DOC_INDEX_FILE)
+    if not isinstance(name, str) or "/" in name or not name.endswith(INDEX_SUFFIX):
+        raise OutputError(f"state.json names {name!r} as its doc index; restore the state")
+    return name
+
+
 def read_state(lay: AuditLayout) -> dict[str, Any] | None:
-    """``state.json``, checked (with its doc index beside it); None before the first audit."""
+    """``state.json``, checked (with the doc index it names); None before the first audit."""
     state = read_json(lay, lay.state)
     if state is None:
         return None
-    if state.get("version") != STATE_VERSION or not isinstance(state.get("audits"), list):
+    if state.get("version") not in READABLE_VERSIONS or not isinstance(state.get("audits"), list):
         raise OutputError(
-            f"{lay.uri(lay.state)} is not a docintel audit state (version {STATE_VERSION}); "
-            "choose another audit output, or restore the file"
+            f"{lay.uri(lay.state)} is not a docintel audit state (version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))}); choose another audit output, or "
+            "restore the file"
         )
-    if not lay.exists(lay.index):
+    index = lay.index_of(state)
+    if not lay.exists(index):
         raise OutputError(
-            f"{lay.uri(lay.state)} exists but {lay.uri(lay.index)} is missing, so changed "
+            f"{lay.uri(lay.state)} exists but {lay.uri(index)} is missing, so changed "
             f"documents cannot be told apart; restore it, or delete {lay.uri(lay.audit_dir)} "
             "to start the audits over (every document is then new)"
         )
@@ -254,6 +282,9 @@ def _swap_state(
         tag = store.create(data) if current is None else store.swap(data, current[1])
         if tag is not None:
             return
+        now = store.read()
+        if now is not None and now[0] == data:
+            return  # ours landed; a retried request's condition refused it again
     raise OutputError(
         f"{lay.uri(lay.state)} changed while this audit ran (another writer, outside the "
         f"{lay.uri(lay.audit_dir)} lease); this night's state was not committed. Check who "
@@ -261,13 +292,15 @@ def _swap_state(
     )
 
 
-def read_index(lay: AuditLayout) -> pa.Table:
-    """The doc index of the last completed audit, checked against :data:`INDEX_SCHEMA`."""
-    with lay.fs.open_input_file(lay.index) as f:
+def read_index(lay: AuditLayout, state: dict[str, Any] | None = None) -> pa.Table:
+    """The doc index of the last completed audit (the one ``state``, default the state on
+    storage, names), checked against :data:`INDEX_SCHEMA`."""
+    path = lay.index_of(state if state is not None else read_json(lay, lay.state))
+    with lay.fs.open_input_file(path) as f:
         table = pq.read_table(f)
     if table.schema.names != INDEX_SCHEMA.names:
         raise OutputError(
-            f"{lay.uri(lay.index)} has columns {table.schema.names}, not "
+            f"{lay.uri(path)} has columns {table.schema.names}, not "
             f"{INDEX_SCHEMA.names}; restore it, or delete {lay.uri(lay.audit_dir)} to start "
             "the audits over"
         )
@@ -282,17 +315,20 @@ def commit_state(
     entry: dict[str, Any],
     storage: StorageConfig,
 ) -> None:
-    """Index first, state last: the state names the audit complete only when all is there.
+    """The night's index under a name of its own first, the state that names it last: the
+    state names the audit complete only when all is there.
 
     The state is replaced by a compare-and-swap against the version this audit read
     (``If-Match`` on its ETag on S3; locally under the file's lock, or an exclusive create
     for the first audit): a change by anyone else meanwhile fails the commit instead of
-    being overwritten. The ``_audit/`` lease already keeps other docintel audits out; this
-    also guards against a writer that ignores it."""
+    being overwritten, and leaves their state with its own index (tonight's new index,
+    named by no state, is deleted). The ``_audit/`` lease already keeps other docintel
+    audits out; this also guards against a writer that ignores it."""
     pending = lay.pending_index(day)
     with lay.fs.open_input_file(pending) as f:
         index = pq.read_table(f)
-    atomic_write(lay.fs, lay.index, index)
+    name = f"{INDEX_PREFIX}{day}-{uuid.uuid4().hex[:8]}{INDEX_SUFFIX}"
+    atomic_write(lay.fs, lay.index_of({"index": name}), index)
     audits = [a for a in (state["audits"] if state else []) if a["date"] != day]
     new_state = {
         "version": STATE_VERSION,
@@ -300,7 +336,35 @@ def commit_state(
         "columns": selection["columns"],
         "models": selection["models"],
         "files": selection["files"],
+        "index": name,
         "audits": sorted([*audits, entry], key=lambda a: a["date"]),
     }
-    _swap_state(lay, storage, state, new_state)
-    lay.fs.delete_file(pending)  # it is doc_index.parquet now; the staging stays as a record
+    try:
+        _swap_state(lay, storage, state, new_state)
+    except BaseException:
+        _drop_unnamed(lay, name)
+        raise
+    _drop_superseded(lay, name)
+    lay.fs.delete_file(pending)  # it is the state's index now; the staging stays as a record
+
+
+def _drop_unnamed(lay: AuditLayout, name: str) -> None:
+    """After a failed swap: delete the night's new index unless the state names it after
+    all (a swap whose answer was lost); best effort, an orphan is only disk."""
+    with contextlib.suppress(OSError, OutputError):
+        if index_name(read_json(lay, lay.state)) != name:
+            lay.fs.delete_file(lay.index_of({"index": name}))
+
+
+def _drop_superseded(lay: AuditLayout, name: str) -> None:
+    """After a successful swap: the indexes no state names any more (the previous night's,
+    a version-1 ``doc_index.parquet``, orphans of commits that crashed before their swap)."""
+    sel = pafs.FileSelector(lay.audit_dir, allow_not_found=True)
+    for info in lay.fs.get_file_info(sel):
+        old = info.base_name
+        is_index = old == DOC_INDEX_FILE or (
+            old.startswith(INDEX_PREFIX) and old.endswith(INDEX_SUFFIX)
+        )
+        if is_index and old != name and info.type == pafs.FileType.File:
+            with contextlib.suppress(FileNotFoundError):
+                lay.fs.delete_file(info.path)

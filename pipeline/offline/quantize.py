@@ -14,12 +14,16 @@ but needs TensorFlow or a new dependency to run). Both artefacts live in the int
 ``classify/<classifier version>.int8.onnx`` that carries its recipe and labels as ONNX
 metadata. A ``.onnx`` file is not fingerprinted, so adding or rebuilding the classifier
 does not change the int8 encoder's recorded version.
+
+Every file is staged in the target folder and renamed into place whole, each ONNX artefact
+followed by its checksum (``<file>.sha256``; pipeline/artefacts.py, :func:`install`):
+readers never load half a file, and a run rebuilds a cached one that fails its checksum.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +39,11 @@ from docintel.pipeline.artefacts import (
     META_SOURCE_FINGERPRINT,
     PARITY_FILE,
     RECIPE_FILE,
+    TEMP_PREFIX,
     classifier_fp32_path,
     classifier_int8_path,
+    install,
+    write_whole,
 )
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
@@ -120,9 +127,10 @@ FP32_RECIPE = "ONNX opset 17 export (eager attention), ORT BERT fusions (optimiz
 
 
 def copy_tokenizer(model_dir: Path, out_dir: Path) -> None:
+    """The encoder's tokenizer and config files, each written whole."""
     for name in TOKENIZER_FILES:
         if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, out_dir / name)
+            write_whole(out_dir / name, (model_dir / name).read_bytes())
 
 
 def build_fp32(model_dir: Path, out_dir: Path) -> Path:
@@ -130,18 +138,16 @@ def build_fp32(model_dir: Path, out_dir: Path) -> Path:
 
     Export (as for int8), then ORT's offline BERT fusions (Attention, SkipLayerNorm,
     BiasGelu, EmbedLayerNorm); the source's version and the recipe go into the ONNX
-    metadata. Written under a temporary name in ``out_dir`` and renamed: readers never see
-    half a file. Returns the file's path.
+    metadata. Written under a temporary name in ``out_dir`` and renamed, then its
+    checksum: readers never see half a file. Returns the file's path.
     """
-    import tempfile
-
     import onnx
     from onnxruntime.transformers.optimizer import optimize_model
 
     check_encoder_dir(model_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = json.loads((model_dir / "config.json").read_text())
-    with tempfile.TemporaryDirectory(prefix=".fp32-", dir=out_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=out_dir) as tmp:
         raw = Path(tmp) / "raw.onnx"
         export_onnx(model_dir, raw)
         fused = optimize_model(
@@ -160,8 +166,7 @@ def build_fp32(model_dir: Path, out_dir: Path) -> Path:
         staged = Path(tmp) / FP32_MODEL_FILE
         onnx.save(fused, str(staged))
         copy_tokenizer(model_dir, out_dir)
-        staged.replace(out_dir / FP32_MODEL_FILE)
-    return out_dir / FP32_MODEL_FILE
+        return install(staged, out_dir / FP32_MODEL_FILE)
 
 
 def build_int8(model_dir: Path, out_dir: Path) -> Path:
@@ -172,19 +177,17 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
     per-channel int8 weights every MatMul except the six FFN output projections
     (``layer.N/output/dense``, 1536->384: their GELU inputs have the outliers that cost
     most accuracy), copy the tokenizer files, and write ``quantize.json`` saying how it
-    was made. Returns ``out_dir``; load it with ``Int8Embedder(out_dir)``.
+    was made. Every file is staged in ``out_dir`` and renamed whole, the model last (then
+    its checksum). Returns ``out_dir``; load it with ``Int8Embedder(out_dir)``.
     """
-    import tempfile
-
     import onnx
-    import onnxruntime
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     check_encoder_dir(model_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n_layers = int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
-    with tempfile.TemporaryDirectory(prefix="docintel-quantize-") as tmp:
-        raw = Path(tmp) / "fp32.onnx"
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=out_dir) as tmp:
+        raw, staged = Path(tmp) / "fp32.onnx", Path(tmp) / INT8_MODEL_FILE
         export_onnx(model_dir, raw)
         kept = ffn_output_matmuls(raw)
         if len(kept) != n_layers:
@@ -194,7 +197,7 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
             )
         quantize_dynamic(
             str(raw),
-            str(out_dir / INT8_MODEL_FILE),
+            str(staged),
             per_channel=True,
             reduce_range=False,
             weight_type=QuantType.QInt8,
@@ -202,8 +205,18 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
             nodes_to_exclude=kept,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    copy_tokenizer(model_dir, out_dir)
-    recipe = {
+        copy_tokenizer(model_dir, out_dir)
+        recipe = json.dumps(_int8_recipe(model_dir, kept), indent=2) + "\n"
+        write_whole(out_dir / RECIPE_FILE, recipe.encode())
+        install(staged, out_dir / INT8_MODEL_FILE)
+    return out_dir
+
+
+def _int8_recipe(model_dir: Path, kept: list[str]) -> dict[str, Any]:
+    """How the int8 encoder was built (``quantize.json``)."""
+    import onnxruntime
+
+    return {
         "source": str(model_dir),
         "source_fingerprint": fingerprint(model_dir),
         "format": "onnx",
@@ -219,8 +232,6 @@ def build_int8(model_dir: Path, out_dir: Path) -> Path:
         },
         "onnxruntime": onnxruntime.__version__,
     }
-    (out_dir / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
-    return out_dir
 
 
 def _inbound(layer_cfg: dict[str, Any]) -> list[str]:
@@ -378,9 +389,6 @@ def build_fp32_classifier(classifier_dir: Path, int8_dir: Path) -> Path:
 
 
 def _build_head(classifier_dir: Path, target: Path, int8: bool) -> Path:
-    import os
-    import tempfile
-
     import onnx
     import onnxruntime
 
@@ -408,7 +416,7 @@ def _build_head(classifier_dir: Path, target: Path, int8: bool) -> Path:
             "op_types": ["MatMul"],
             "reduce_range": False,
         }
-    with tempfile.TemporaryDirectory(prefix="docintel-quantize-head-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=target.parent) as tmp:
         raw, quant = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(fp32, str(raw))
         if int8:
@@ -421,12 +429,9 @@ def _build_head(classifier_dir: Path, target: Path, int8: bool) -> Path:
         ):
             entry = q.metadata_props.add()
             entry.key, entry.value = key, value
-        fd, staged = tempfile.mkstemp(dir=target.parent, suffix=".part")
-        os.close(fd)
-        Path(staged).chmod(0o644)  # mkstemp makes it 0600; readers may be other users
-        onnx.save(q, staged)
-        Path(staged).replace(target)
-    return target
+        staged = Path(tmp) / target.name
+        onnx.save(q, str(staged))
+        return install(staged, target)
 
 
 @dataclass(frozen=True)
@@ -555,5 +560,5 @@ def parity_report(
 def write_parity(int8_dir: Path, report: dict[str, Any]) -> Path:
     """Write the parity report beside the int8 artefacts; returns its path."""
     path = int8_dir / PARITY_FILE
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_whole(path, (json.dumps(report, indent=2) + "\n").encode())
     return path

@@ -8,6 +8,7 @@ the PyTorch runtime, the ONNX exporters and the driver's checks alike.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from docintel.pipeline.artefacts import (
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.versions import fingerprint
 
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# Weights load from safetensors only: a tensor format that holds no code. A
+# ``pytorch_model.bin`` is a pickle: torch's weights_only unpickler stops the known attacks
+# but has been bypassed before (CVE-2025-32434), and a file it stops surfaced as a raw
+# UnpicklingError whose text suggests ``weights_only=False``, i.e. running the file. So
+# pickle weights are refused before anything loads, and a folder holding both kinds is
+# loaded from its safetensors (``use_safetensors=True``), never from the pickle.
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -69,10 +77,24 @@ def check_encoder_dir(path: Path) -> None:
         _check_adapter_dir(path)
         return
     if not any((path / w).is_file() for w in _WEIGHT_FILES):
-        raise ModelError(
+        raise _no_safetensors(path)
+
+
+def _no_safetensors(path: Path) -> ModelError:
+    pickles = [w for w in _PICKLE_WEIGHTS if (path / w).is_file()]
+    if not pickles:
+        return ModelError(
             f"embedding model folder {path} has no weights; expected one of "
             f"{', '.join(_WEIGHT_FILES)}"
         )
+    return ModelError(
+        f"embedding model folder {path} has only pickle weights ({pickles[0]}); docintel "
+        "loads safetensors only, because loading a pickle can run code it holds. If the "
+        'folder comes from a source you trust, convert it once: python -c "from '
+        f"transformers import AutoModel; AutoModel.from_pretrained('{path}')"
+        f".save_pretrained('{path}')\" (writes model.safetensors); otherwise use "
+        "another model"
+    )
 
 
 def _check_adapter_dir(path: Path) -> None:
@@ -104,7 +126,9 @@ def load_encoder(path: Path, **kwargs: Any) -> Any:
     check_encoder_dir(path)
     try:
         if not is_adapter_dir(path):
-            return AutoModel.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+            return AutoModel.from_pretrained(
+                str(path), dtype=torch.float32, use_safetensors=True, **kwargs
+            )
         import warnings
 
         from peft import PeftModel
@@ -113,6 +137,11 @@ def load_encoder(path: Path, **kwargs: Any) -> Any:
         with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6
             warnings.simplefilter("ignore", FutureWarning)
             return PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+    except pickle.UnpicklingError as e:  # never expected: no pickle is loaded (see above)
+        raise ModelError(
+            f"refused to load {path}: its weights are a pickle that holds more than tensors; "
+            "use a model folder with model.safetensors from a source you trust"
+        ) from e
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ModelError(f"could not load a transformers encoder from {path}: {e}") from e
 

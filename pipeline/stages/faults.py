@@ -28,8 +28,8 @@ from docintel.pipeline.schema import BACKEND_GPU_MODEL, DOC_ID
 from docintel.pipeline.stages.base import Stage
 
 MODELLED_VERSION = "modelled"  # the model version a modelled replica reports and writes
-# Builds, in the replica, the columns a modelled call appends for n rows.
-Placeholder = Callable[[Config], Callable[[int], dict[str, pa.Array]]]
+# Builds, in the replica, the columns a modelled call appends to its input table.
+Placeholder = Callable[[Config], Callable[[pa.Table], dict[str, pa.Array]]]
 
 
 class InjectedFault(RuntimeError):
@@ -93,7 +93,8 @@ class ModelledStage(_Standin):
     ``setup()`` builds the placeholder columns from the model's shape only (the encoder's
     hidden size from its config.json, the classifier's labels.json); torch and TensorFlow
     are never imported. A call sleeps ``rows x seconds_per_sentence`` (each row is one
-    sentence) and appends the real stage's output columns with the same Arrow types.
+    sentence; for the sentencizer, one document) and appends the real stage's output
+    columns with the same Arrow types (the sentencizer's: each document one sentence).
     Rows say ``gpu-model`` and ``modelled``.
     """
 
@@ -104,7 +105,7 @@ class ModelledStage(_Standin):
         self.seconds_per_sentence = seconds_per_sentence
         self.placeholder = placeholder
         self.cfg = cfg
-        self.columns: Callable[[int], dict[str, pa.Array]] | None = None
+        self.columns: Callable[[pa.Table], dict[str, pa.Array]] | None = None
 
     def setup(self) -> None:
         self.columns = self.placeholder(self.cfg)
@@ -113,11 +114,10 @@ class ModelledStage(_Standin):
 
     def __call__(self, table: pa.Table) -> pa.Table:
         assert self.columns is not None, "setup() first"
-        n = table.num_rows
-        time.sleep(n * self.seconds_per_sentence)
-        for name, column in self.columns(n).items():
+        time.sleep(table.num_rows * self.seconds_per_sentence)
+        for name, column in self.columns(table).items():
             table = table.append_column(name, column)
-        return table
+        return table if self.keeps_input else table.select(list(self.output_columns))
 
     def teardown(self) -> None:
         self.columns = None

@@ -153,7 +153,7 @@ def test_each_night_processes_only_new_and_changed_documents(nights: Nights) -> 
     assert [x["date"] for x in state["audits"]] == [D1, D2, D3]
     assert sorted(Path(p).name for p in state["files"]) == ["a.parquet", "b.parquet", "c.parquet"]
     assert set(state["models"]) == {"sentencize", "embed", "classify"}
-    index = pq.read_table(n.out / "_audit" / "doc_index.parquet").to_pandas()
+    index = pq.read_table(n.out / "_audit" / state["index"]).to_pandas()  # the one it names
     assert sorted(index.doc_id) == sorted(n.a + n.b[:9] + n.c)
     dates = dict(zip(index.doc_id, index.processed_date.astype(str), strict=True))
     assert {d for i, d in dates.items() if i in ("b3", *n.c)} == {D2}
@@ -388,7 +388,7 @@ def test_sigkilled_audit_resumes_its_run_and_ends_consistent(
     assert {k: v for k, v in staging_before.items() if k != "_doc_index.parquet"} == after
     state = json.loads((out / "_audit" / "state.json").read_text())
     assert [a["date"] for a in state["audits"]] == [D1]
-    assert pq.read_metadata(out / "_audit" / "doc_index.parquet").num_rows == 40
+    assert pq.read_metadata(out / "_audit" / state["index"]).num_rows == 40
     report = json.loads((out / f"run_date={D1}" / "report.json").read_text())
     assert report["counts"]["documents"] == 40 and report["resumed_batches"] == done_before
     nxt = run_audit(_cfg(), str(src), str(out), D2, execute)
@@ -408,9 +408,13 @@ def test_audit_on_s3_works_as_locally(request: pytest.FixtureRequest, headlines:
     s1 = run_audit(cfg, src, out, D1, execute)
     assert (s1.new, s1.documents) == (8, 8) and s1.report == f"{out}/run_date={D1}/report.json"
     keys = set(_keys(client, OUT_BUCKET, "audit/"))
+    index = json.loads(
+        client.get_object(Bucket=OUT_BUCKET, Key="audit/_audit/state.json")["Body"].read()
+    )["index"]
+    assert index.startswith(f"doc_index-{D1}-")  # the night's own index, named by the state
     assert {
         "audit/_audit/state.json",
-        "audit/_audit/doc_index.parquet",
+        f"audit/_audit/{index}",
         f"audit/_audit/inputs/run_date={D1}/_selection.json",
         f"audit/run_date={D1}/_manifest.json",
         f"audit/run_date={D1}/report.json",

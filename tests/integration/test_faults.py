@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,13 @@ import ray
 from docintel.actors.cluster import actor_name
 from docintel.actors.runner import execute
 from docintel.pipeline.errors import RunFailed
-from tests.conftest import assert_exactly_once, run_config, sigkill_after_parts, write_docs
+from tests.conftest import (
+    assert_exactly_once,
+    kill_and_await_restart,
+    run_config,
+    sigkill_after_parts,
+    write_docs,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -65,17 +69,8 @@ def test_killed_stage_actor_is_restarted_and_nothing_is_lost(
     def kill_embed_once(stats: object) -> None:
         if pids:
             return
-        handle = ray.get_actor(actor_name("kill1", "embed/cpu/0"))
-        pids.append(ray.get(handle.ready.remote())["pid"])
-        ray.kill(handle, no_restart=False)  # as an OOM kill would: Ray restarts it
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # the kill is asynchronous; wait for the new one
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                pid = ray.get(handle.ready.remote())["pid"]
-                if pid != pids[0]:
-                    pids.append(pid)
-                    return
-            time.sleep(0.2)
+        old, new = kill_and_await_restart(ray.get_actor(actor_name("kill1", "embed/cpu/0")))
+        pids.extend(p for p in (old, new) if p is not None)
 
     out = tmp_path / "out"
     summary = execute(cfg, str(inp), str(out), on_batch=kill_embed_once)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from docintel.actors.runner import execute
-from docintel.pipeline.artefacts import classifier_fp32_path
+from docintel.pipeline.artefacts import classifier_fp32_path, write_checksum
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.plan import ensure_derived
 from tests.conftest import assert_exactly_once, run_config, write_docs
@@ -52,8 +52,10 @@ def test_work_starts_before_a_slow_replica_has_loaded(
 def test_a_starting_replica_whose_model_does_not_load_fails_the_run(
     tmp_path: Path, headlines: list[str]
 ) -> None:
-    """The driver checks that the fp32 ONNX head exists; a corrupt one fails in the
-    replica, and the run stops with the replica's own message, nothing committed."""
+    """The driver checks that the fp32 ONNX head exists and matches its checksum (a
+    damaged one is rebuilt: tests/unit/test_derived.py); one that matches it but does not
+    load (a bad build) fails in the replica, and the run stops with the replica's own
+    message, nothing committed."""
     inp, _ = _corpus(tmp_path, headlines, 4)
     cfg = run_config()
     ensure_derived(cfg)  # the session cache's artefacts, copied so one can be spoiled
@@ -62,6 +64,7 @@ def test_a_starting_replica_whose_model_does_not_load_fails_the_run(
     cfg = cfg.with_overrides({"embed.int8_dir": str(folder)})
     head = classifier_fp32_path(folder, cfg.classify.resolved_model_dir())
     head.write_bytes(b"not an onnx graph")
+    write_checksum(head)  # recorded as built: the driver has no reason to rebuild it
     out = tmp_path / "out"
     with pytest.raises(ModelError, match=f"could not load the fp32 classifier {head}"):
         execute(cfg, str(inp), str(out))

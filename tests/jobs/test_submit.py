@@ -333,3 +333,98 @@ def test_exit_codes_and_reasons_mirror_the_job() -> None:
     assert failure_reason(job("STOPPED", None, "Job was intentionally stopped.")) == (
         "Job was intentionally stopped."
     )
+
+
+# Every one of these must stay home, whatever the folder's ignore files say (issue 20).
+SECRETS = (
+    ".env", "deploy/.env.prod", ".envrc", ".git-credentials", ".kube/config", "credentials",
+    "conf/credentials", "id_ecdsa", "id_ed25519", "keys/ID_RSA", ".pypirc", ".npmrc", ".netrc",
+    "tls/server.pem", "tls/server.key", "tls/Client.P12", "tls/bundle.pfx", ".aws/credentials",
+    ".docker/config.json", ".ssh/id_rsa", "kubeconfig", ".git/config",
+)  # fmt: skip
+# ... and so the paths left out: a secret folder is left out whole.
+LEFT_OUT = (
+    ".env", "deploy/.env.prod", ".envrc", ".git-credentials", ".kube/", "credentials",
+    "conf/credentials", "id_ecdsa", "id_ed25519", "keys/ID_RSA", ".pypirc", ".npmrc",
+    ".netrc", "tls/server.pem", "tls/server.key", "tls/Client.P12", "tls/bundle.pfx",
+    ".aws/", ".docker/", ".ssh/", "kubeconfig", ".git/",
+    "notes.txt", "data/tls/", "dangling.md", "debug.log",  # symlinks, and an ignored file
+)  # fmt: skip
+
+
+def _project(root: Path) -> Path:
+    """A docintel source folder holding code, data and every kind of secret."""
+    for rel in ("pipeline/config.py", "data/notes.md", *SECRETS):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"SECRET {rel}" if rel in SECRETS else rel)
+    shutil.copyfile(REPO / "pyproject.toml", root / "pyproject.toml")
+    # a user's ignore files that try to re-include secrets (the last match wins in git)
+    (root / ".gitignore").write_text("!.env\n!*.pem\n!.aws/\n!credentials\n*.log\n")
+    (root / ".rayignore").write_text("!id_*\n!.ssh/\n")
+    (root / "debug.log").write_text("log")
+    (root / "notes.txt").symlink_to(".env")  # a link inside the folder to a secret
+    (root / "data" / "tls").symlink_to(root / "tls", target_is_directory=True)
+    (root / "dangling.md").symlink_to(root / "missing.md")
+    return root
+
+
+def test_secrets_and_symlinks_never_ship_whatever_the_ignore_files_say(tmp_path: Path) -> None:
+    src = _project(tmp_path / "project")
+    config = write_config(tmp_path / "mine.toml", "s3://corpus/x", "s3://results/y")
+    staged = stage_working_dir(check_request(config, None, None, None, src), tmp_path / "staged")
+    files = {p.relative_to(staged.path).as_posix(): p for p in staged.path.rglob("*")}
+    shipped = {rel for rel, p in files.items() if p.is_file()}
+    assert shipped == {
+        ".gitignore", ".rayignore", "pyproject.toml", "docintel/pipeline/config.py",
+        "data/notes.md", JOB_CONFIG_NAME,
+    }  # fmt: skip
+    assert not any(p.is_symlink() for p in files.values())
+    assert not any("SECRET" in p.read_text() for p in files.values() if p.is_file())
+    for path in LEFT_OUT:
+        assert path in staged.left_out, (path, staged.left_out)
+
+
+def test_dry_run_lists_every_path_with_its_fate_and_contacts_no_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from docintel.jobs import submit as jobs
+    from docintel.jobs.cli import app
+
+    def no_cluster(*args: object) -> None:
+        raise AssertionError(f"--dry-run contacted the cluster: {args}")
+
+    monkeypatch.setattr(jobs, "connect", no_cluster)
+    monkeypatch.setattr(jobs, "submit", no_cluster)
+    src = _project(tmp_path / "project")
+    (src / JOB_CONFIG_NAME).write_text("# the folder's own, replaced by --config")
+    config = write_config(tmp_path / "mine.toml", "s3://corpus/x", "s3://results/y")
+    args = ["submit", "-c", str(config), "--working-dir", str(src), "--dry-run"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    ships = {line.removeprefix("ship ") for line in lines if line.startswith("ship ")}
+    assert ships == {
+        ".gitignore", ".rayignore", "pyproject.toml", "pipeline/config.py", "data/notes.md",
+        JOB_CONFIG_NAME,
+    }  # fmt: skip
+    left = {}
+    for line in lines:
+        if not line.startswith("ship "):
+            m = re.fullmatch(r"left out (\S+) \((.+)\)", line)
+            assert m, f"not a `ship` or `left out` line: {line!r}"
+            left[m.group(1)] = m.group(2)
+    assert set(LEFT_OUT) <= set(left), left
+    assert left[".env"].startswith("secret: matches '.env'")
+    assert left["tls/server.pem"].startswith("secret: matches '*.pem'")
+    assert left["keys/ID_RSA"].startswith("secret: matches 'id_rsa*'")
+    assert left[".kube/"].startswith("secret:") and left[".docker/"].startswith("secret:")
+    assert left[".git/"] == "VCS data or a virtualenv: matches '.git/'; never shipped"
+    assert left["notes.txt"].startswith("symlink") and left["data/tls/"].startswith("symlink")
+    assert left["debug.log"] == "listed in .gitignore: '*.log'"
+    assert left[JOB_CONFIG_NAME] == "replaced by the job's config"
+    assert "nothing submitted" in r.stderr
+    # a bad config is still refused first (exit 2), as for a real submit
+    r = CliRunner().invoke(app, ["submit", "--dry-run", "--output", "/o"])
+    assert r.exit_code == 2 and "no input" in r.stderr

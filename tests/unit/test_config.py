@@ -35,7 +35,8 @@ def test_example_file_loads_and_matches_the_defaults():
 
 def test_defaults():
     cfg = load_config()
-    assert cfg.run.batch_size == DEFAULT_BATCH_SIZE
+    assert cfg.run.batch_size == "auto"  # resolved by the plan: 128 docs on CPU pools
+    assert cfg.run.fixed_batch_size() == DEFAULT_BATCH_SIZE
     assert cfg.input.id_column == "doc_id"
     assert cfg.input.text_column == "text"
     assert cfg.sentencize.spacy_model == "blank:en"
@@ -93,7 +94,7 @@ def test_with_overrides_dotted_keys():
     assert cfg.run.batch_size == 16
     assert cfg.embed.max_length == 64
     assert cfg.input.text_column == "body"
-    assert base.run.batch_size == DEFAULT_BATCH_SIZE  # the original is untouched (frozen)
+    assert base.run.batch_size == "auto"  # the original is untouched (frozen)
     deep = base.with_overrides({"resources.embed.replicas": 2})
     assert deep.resources.embed.replicas == 2
 

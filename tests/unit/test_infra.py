@@ -82,6 +82,8 @@ SUBMITTER_LABEL = "docintel/ray-submitter"  # on every submitter pod template: "
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 RAY_USER = 1000  # the rayproject image's `ray` user
 DASHBOARD_PORT = 8265
+API_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where clients look
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
 # A digest suffix an image reference may carry after its documented tag.
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
@@ -870,6 +872,8 @@ def test_network_policies_admit_only_the_cluster_itself_and_submitters_on_8265()
                     assert "ipBlock" not in peer, f"{name}: no address ranges"
                     if "namespaceSelector" in peer:  # only the operator, from its namespace
                         assert peer.get("podSelector", {}).get("matchLabels") == operator, name
+                        pinned = {"matchLabels": {NAMESPACE_LABEL: _operator_namespace()}}
+                        assert peer["namespaceSelector"] == pinned, f"{name}: any namespace"
                         assert numbers == {DASHBOARD_PORT} and pod.role == "head", name
                         reachable.setdefault("operator", set()).update(numbers)
                         continue
@@ -897,6 +901,74 @@ def test_network_policies_admit_only_the_cluster_itself_and_submitters_on_8265()
             assert all(reachable.get(s.where) == {DASHBOARD_PORT} for s in submitters), pod.where
         else:
             assert not any(s.where in reachable for s in submitters), pod.where
+
+
+def _operator_namespace() -> str:
+    """The namespace infra/README.md installs the KubeRay operator in."""
+    command = r"helm install kuberay-operator (?:[^\n]|\\\n)*?--namespace (\S+)"  # one command
+    found = re.search(command, README.read_text())
+    assert found, f"{_rel(README)}: install the operator with --namespace"
+    return found.group(1)
+
+
+def test_the_operator_is_admitted_from_its_own_namespace_only() -> None:
+    """A pod label alone can be worn by any pod in any namespace: `namespaceSelector: {}`
+    plus the operator's label admitted them all. Kubernetes sets the namespace's
+    kubernetes.io/metadata.name itself; the rule pins it to the operator's namespace."""
+    peers = [
+        (np["metadata"]["name"], peer)
+        for np in _policies()
+        for rule in np["spec"].get("ingress", [])
+        for peer in rule.get("from", [])
+        if "namespaceSelector" in peer
+    ]
+    assert peers, "no rule admits the KubeRay operator"
+    namespace = _operator_namespace()
+    assert namespace not in {"default", "kube-system"}, "the operator in a namespace of its own"
+    for name, peer in peers:
+        selector = peer["namespaceSelector"]
+        assert selector == {"matchLabels": {NAMESPACE_LABEL: namespace}}, (name, selector)
+        assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
+
+
+def _token_volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's volumes that carry a ServiceAccount token."""
+    return {
+        v["name"]: v
+        for v in pod.get("volumes", [])
+        if any("serviceAccountToken" in src for src in v.get("projected", {}).get("sources", []))
+    }
+
+
+def test_only_the_autoscaler_container_holds_a_kubernetes_api_token() -> None:
+    """Job drivers run in the head's Ray container: an API token there gives whoever holds
+    the Ray token the autoscaler's right to create pods. The head pod mounts no token; a
+    projected one goes into the autoscaler sidecar alone, where KubeRay's autoscaler
+    reads it (the standard path: token, ca.crt, namespace)."""
+    for kind, options, head in _autoscalers():
+        assert head.get("automountServiceAccountToken") is False, f"{kind} head: pod-wide token"
+        assert not head.get("shareProcessNamespace"), f"{kind}: the sidecar's files stay its own"
+        mounts = [m for m in options.get("volumeMounts", []) if m["mountPath"] == API_TOKEN_PATH]
+        assert len(mounts) == 1 and mounts[0].get("readOnly") is True, f"{kind} autoscaler"
+        volume = _token_volumes(head).get(mounts[0]["name"])
+        assert volume, f"{kind}: the autoscaler's token must be a projected token volume"
+        sources = volume["projected"]["sources"]
+        (token,) = [src["serviceAccountToken"] for src in sources if "serviceAccountToken" in src]
+        assert token["path"] == "token" and token.get("expirationSeconds", 3600) <= 3607, token
+        assert "audience" not in token, "the API server's own audience"
+        files = {
+            item["path"] for src in sources for item in next(iter(src.values())).get("items", [])
+        }
+        assert {"ca.crt", "namespace"} <= files, (
+            f"{kind}: the autoscaler needs the CA and namespace"
+        )
+    for pod in _ray_pods():
+        tokens = _token_volumes(pod.spec)
+        for c in _containers(pod):
+            for m in c.get("volumeMounts", []):
+                assert m["name"] not in tokens, f"{pod.where} {c['name']}: mounts {m['name']}"
+                assert not m["mountPath"].startswith("/var/run/secrets/kubernetes.io"), pod.where
+            assert "KUBECONFIG" not in _env(c), f"{pod.where} {c['name']}: a kubeconfig"
 
 
 def test_head_services_stay_inside_the_cluster() -> None:
@@ -928,16 +1000,13 @@ def test_ray_pods_use_workload_identity_and_submitters_no_cloud_identity() -> No
     assert re.fullmatch(r"arn:aws:iam::(?:\d{12}|ACCOUNT_ID):role/docintel-s3", roles[ray_sa])
     for pod in _ray_pods():
         assert pod.spec.get("serviceAccountName") == ray_sa, f"{pod.where}: {ray_sa}"
-        if pod.role == "worker":  # only the autoscaling head needs the Kubernetes API
-            assert pod.spec.get("automountServiceAccountToken") is False, pod.where
+        # No pod-wide API token, heads included: only their autoscaler sidecar mounts one
+        # (test_only_the_autoscaler_container_holds_a_kubernetes_api_token).
+        assert pod.spec.get("automountServiceAccountToken") is False, pod.where
         for c in _containers(pod):
             # IRSA is the default: no static keys loaded (the fallback is commented out).
             assert not c.get("envFrom"), f"{pod.where} {c['name']}: static AWS keys"
             assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & _env(c).keys()
-    for kind, spec in _cluster_specs():  # the API token only where an autoscaler uses it
-        head = spec["headGroupSpec"]["template"]["spec"]
-        autoscales = spec.get("enableInTreeAutoscaling") is True
-        assert head.get("automountServiceAccountToken") is autoscales, f"{kind} head"
     for pod in _submitter_pods():
         sa = pod.spec.get("serviceAccountName")
         assert sa in accounts and not roles[sa], f"{pod.where}: a ServiceAccount without role"

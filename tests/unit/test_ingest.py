@@ -216,3 +216,27 @@ def test_cli_lists_skipped_files_escaped_and_exits_0(tmp_path: Path, src: Path) 
     assert "[red]x.txt: binary: NUL bytes" in r.output
     default_mib = inspect.signature(cli_run.ingest).parameters["max_file_mib"].default
     assert default_mib * 1024 * 1024 == MAX_FILE_BYTES
+
+
+def test_cli_never_prints_control_characters_of_file_names(tmp_path: Path, src: Path) -> None:
+    """A file name may carry terminal escapes (colour, cursor moves, a carriage return that
+    overwrites the line): ingest's lines and error messages show them as visible escapes,
+    on stdout and stderr alike (issue 20, item 11)."""
+    from docintel.jobs.cli import app
+
+    evil = "evil\x1b[31m\rname\u202e\x9b2J.txt"
+    (src / evil).write_bytes(PNG_LIKE)  # binary: skipped and listed by name
+    out = tmp_path / "out\x1b]0;title\x07.parquet"
+    r = CliRunner().invoke(app, ["ingest", str(src), str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    shown = r.stdout + r.stderr
+    for raw in ("\x1b", "\r", "\x07", "\x9b", "\u202e"):
+        assert raw not in shown, (raw, shown)
+    assert "evil\\x1b[31m\\x0dname\\u202e\\x9b2J.txt: binary" in r.stdout
+    assert "out\\x1b]0;title\\x07.parquet" in r.stdout
+    # the same name inside an error message (nothing ingested: exit 2, on stderr)
+    (src / "a.txt").unlink()
+    r = CliRunner().invoke(app, ["ingest", str(src), str(tmp_path / "x.parquet"), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert "nothing ingested" in r.stderr and "evil\\x1b[31m\\x0dname" in r.stderr
+    assert not any(raw in r.stdout + r.stderr for raw in ("\x1b", "\r", "\x9b", "\u202e"))

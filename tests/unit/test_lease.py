@@ -1,4 +1,6 @@
-"""One writer per output: the local lease (exclusive create, flock, expiry, take-over)."""
+"""One writer per output: the local lease (exclusive create, flock, expiry, take-over), who
+may be judged dead (same host, PID namespace and boot only), expiry while renewals fail,
+and compaction's deletes under the lease."""
 
 from __future__ import annotations
 
@@ -6,13 +8,44 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
 
+import docintel.pipeline.sink as sink_module
+from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
-from docintel.pipeline.lease import LEASE_FILE, Claim, Lease, LeaseHeld, LeaseLost, LocalStore
+from docintel.pipeline.lease import (
+    LEASE_FILE,
+    Claim,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    LocalStore,
+    boot_id,
+    holder_is_dead,
+    pid_namespace,
+    this_holder,
+)
+from docintel.pipeline.schema import (
+    DOC_ID,
+    EMBEDDING,
+    END_CHAR,
+    LABEL,
+    N_TOKENS,
+    PROBS,
+    SCORE,
+    SENT_INDEX,
+    START_CHAR,
+    TEXT,
+    TRUNCATED,
+)
+from docintel.pipeline.sink import TABLES, ParquetPartsSink, part_files, part_path
 
 FS = pafs.LocalFileSystem()
 STORAGE = StorageConfig()
@@ -56,11 +89,50 @@ def test_a_live_claim_from_another_host_blocks_until_it_expires(tmp_path: Path) 
         assert time.monotonic() - t0 >= 0.5
 
 
+def _here(pid: int = 999999, ns: str | None = None, boot: str | None = None) -> str:
+    """A holder on this host (by name) whose pid does not exist here; this PID namespace
+    and boot unless told otherwise."""
+    ns = pid_namespace() if ns is None else ns
+    boot = boot_id() if boot is None else boot
+    return f"{socket.gethostname()}:{pid}:12345:dead:{ns}:{boot}"
+
+
 def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
     """A killed driver, then a resume: no waiting for the dead claim to expire."""
-    _plant(tmp_path, f"{socket.gethostname()}:999999:12345:dead", expires_in=600)
+    _plant(tmp_path, _here(), expires_in=600)
     with _lease(tmp_path, "run resumed"):
         pass
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        pytest.param(_here(ns="4026500000"), id="another-pid-namespace"),
+        pytest.param(_here(boot="00000000-0000-0000-0000-000000000000"), id="another-boot"),
+        pytest.param(f"{socket.gethostname()}:999999:12345:dead", id="old-record"),
+    ],
+)
+def test_a_claim_from_another_pid_namespace_waits_for_its_expiry(
+    tmp_path: Path, holder: str
+) -> None:
+    """Two containers with the same host name (host networking) cannot see each other's
+    processes: a pid that does not exist here may be alive there. So may the holder of a
+    claim written before claims named their namespace and boot."""
+    assert not holder_is_dead(holder)
+    _plant(tmp_path, holder, expires_in=1.5)
+    with pytest.raises(LeaseHeld, match="run OTHER"):
+        _lease(tmp_path).acquire()
+    t0 = time.monotonic()
+    with _lease(tmp_path, wait=10) as b:  # taken over once expired, not before
+        assert time.monotonic() - t0 >= 0.5
+        assert json.loads((tmp_path / LEASE_FILE).read_text())["holder"] == b.holder
+
+
+def test_a_holder_names_its_pid_namespace_and_boot() -> None:
+    fields = this_holder().split(":")
+    assert len(fields) == 6 and fields[4:] == [pid_namespace(), boot_id()]
+    assert all(fields[4:]), fields  # Linux: both known
+    assert not holder_is_dead(this_holder())
 
 
 def test_waiting_writer_gets_the_claim_when_the_holder_releases(tmp_path: Path) -> None:
@@ -166,3 +238,133 @@ def test_a_write_whose_answer_was_lost_keeps_the_claim(tmp_path: Path) -> None:
             a.check()
     finally:
         a.release()
+
+
+class Unreachable:
+    """A store that took the claim, then stops answering: every renewal fails."""
+
+    def __init__(self, inner: LocalStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    def read(self) -> tuple[bytes, str] | None:
+        return self.inner.read()
+
+    def create(self, data: bytes) -> str | None:
+        return self.inner.create(data)
+
+    def swap(self, data: bytes, tag: str) -> str | None:
+        if self.down:
+            raise OSError("the store does not answer")
+        return self.inner.swap(data, tag)
+
+    def delete(self, tag: str) -> None:
+        self.inner.delete(tag)
+
+
+def test_check_fails_once_the_claim_expired_without_a_successful_renewal(
+    tmp_path: Path,
+) -> None:
+    """Renewals failing (the store unreachable) are retried, but once the claim's time to
+    live has passed another writer may take it: check() stops the holder."""
+    a = _lease(tmp_path, "run A", ttl=1.0)
+    store = Unreachable(LocalStore(str(tmp_path / LEASE_FILE)))
+    a.store = store
+    a.acquire()
+    try:
+        time.sleep(1.3)  # renewed every 1/3 s: still ours
+        a.check()
+        store.down = True
+        time.sleep(1.3)
+        assert a.last_error is not None  # the heartbeat tried
+        with pytest.raises(LeaseLost, match=r"expired .* without a successful renewal"):
+            a.check()
+    finally:
+        a.release()
+
+
+# --- compaction deletes only under the lease ----------------------------------------------
+
+LABELS = ["up", "down"]
+
+
+def _tiny_batch(batch_id: str, ids: list[str]) -> Batch:
+    """A finished batch of one sentence per document, without running the models."""
+    n = len(ids)
+    table = pa.table(
+        {
+            DOC_ID: ids,
+            SENT_INDEX: pa.array([0] * n, pa.int32()),
+            START_CHAR: pa.array([0] * n, pa.int64()),
+            END_CHAR: pa.array([4] * n, pa.int64()),
+            TEXT: ["text"] * n,
+            LABEL: ["up"] * n,
+            SCORE: pa.array([0.9] * n, pa.float32()),
+            N_TOKENS: pa.array([3] * n, pa.int32()),
+            TRUNCATED: [False] * n,
+            EMBEDDING: pa.FixedSizeListArray.from_arrays(pa.array([0.5] * 2 * n, pa.float32()), 2),
+            PROBS: pa.array([[0.9, 0.1]] * n, pa.list_(pa.float32())),
+        }
+    )
+    return Batch(batch_id, pa.array(ids, pa.string()), table)
+
+
+def _leased_task_map(lease: Lease) -> Callable[..., Iterator[Any]]:
+    """The runner's task map, in this process: the lease checked before each submission."""
+
+    def run(fn: Callable[[Any], Any], items: Sequence[Any], /) -> Iterator[Any]:
+        for item in items:
+            lease.check()
+            yield fn(item)
+
+    return run
+
+
+def test_a_lease_lost_during_compaction_deletes_nothing_and_resume_settles_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is lost while a group is merged (a stall, another writer took over): the
+    members' own parts are not deleted by the writer that lost it, and the resume's settle
+    leaves every batch exactly once."""
+    out = tmp_path / "out"
+    sink = ParquetPartsSink(FS, str(out), tuple(LABELS), True, part_target_bytes=2**30)
+    sink.start({"run_id": "r1"})
+    ids = {f"aaaa-00000-0000{i}": [f"d{i}-{j}" for j in range(3)] for i in range(4)}
+    for batch_id, docs in ids.items():
+        sink.write(_tiny_batch(batch_id, docs))
+    lease = _lease(out, "run r1", ttl=60)
+    lease.acquire()
+    real_write = sink_module.atomic_write
+
+    def write_then_lose(fs: pafs.FileSystem, path: str, data: Any) -> None:
+        real_write(fs, path, data)
+        if "/documents/part-merged-" in path:  # the group's commit point, then the take-over
+            _plant(out, "elsewhere.example:1:1:x", expires_in=600)
+            lease.renew()
+
+    monkeypatch.setattr(sink_module, "atomic_write", write_then_lose)
+    try:
+        with pytest.raises(LeaseLost, match="taken over"):
+            sink.finish(_leased_task_map(lease))
+    finally:
+        lease.release()
+    for table in TABLES:  # every member's own part is still there, beside the merged one
+        for batch_id in ids:
+            assert Path(part_path(str(out), table, batch_id)).is_file(), (table, batch_id)
+    sink.settle()  # what the next resume does first
+    docs = ds.dataset(part_files(FS, str(out), "documents"), format="parquet").to_table()
+    assert sorted(docs[DOC_ID].to_pylist()) == sorted(d for v in ids.values() for d in v)
+    sents = ds.dataset(part_files(FS, str(out), "sentences"), format="parquet").to_table()
+    assert sorted(sents[DOC_ID].to_pylist()) == sorted(docs[DOC_ID].to_pylist())
+
+
+def test_a_compaction_task_that_starts_after_the_claim_expired_does_nothing() -> None:
+    """The runner's sink tasks carry the claim's expiry as it was at submission."""
+    from docintel.actors.runner import _apply
+
+    done: list[int] = []
+    with pytest.raises(LeaseLost, match="expired"):
+        _apply(done.append, 1, time.time() - 1)
+    assert done == []
+    _apply(done.append, 2, time.time() + 60)
+    assert done == [2]

@@ -119,7 +119,8 @@ def test_classifier_artefact_is_keyed_by_version_and_self_describing(
     again = build_int8_classifier(HEAD_DIR, tmp_path)
     assert again.read_bytes() == path.read_bytes()
     assert fingerprint(tmp_path) == before
-    assert [p.name for p in again.parent.iterdir()] == [again.name]  # no temporary left
+    # no temporary left; the artefact's checksum beside it
+    assert sorted(p.name for p in again.parent.iterdir()) == [again.name, f"{again.name}.sha256"]
 
 
 def test_fp32_conversion_is_exact(classifier, valid_sample: np.ndarray, tmp_path: Path) -> None:

@@ -428,3 +428,28 @@ def test_a_corrupt_huge_row_group_becomes_error_rows_slice_by_slice(tmp_path, mo
     assert sorted(e[DOC_ID] for e in errors) == [f"d{i:03d}" for i in range(60)]
     assert {e["error_type"] for e in errors} == {"CorruptData"}
     assert all(b.table.num_rows == 0 for b in batches)
+
+
+def test_batches_sized_by_text_bytes(tmp_path):
+    """An "auto" batch size with GPU pools: about target bytes of text per batch (from the
+    footers), at least the CPU batch size, at most MAX_BATCH_DOCS documents."""
+    from docintel.pipeline.source import MAX_BATCH_DOCS, plan_sized
+
+    texts = [f"{i:06d} " + "x" * 93 for i in range(4_000)]  # 100 bytes each, unique
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"doc_id": [f"d{i}" for i in range(4_000)], "text": texts}),
+        path,
+        row_group_size=4_000,
+        use_dictionary=False,
+    )
+    fs, files = resolve_input(str(path), StorageConfig())
+    units, size = plan_sized(fs, files, "doc_id", "text", 128, target_bytes=100_000)
+    assert 900 <= size <= 1_000  # ~1,000 documents of ~100 bytes (+ length prefixes)
+    assert sum(len(u.batch_ids) for u in units) == -(-4_000 // size)
+    _, cpu = plan_sized(fs, files, "doc_id", "text", 128)  # no target: as given
+    assert cpu == 128
+    _, small = plan_sized(fs, files, "doc_id", "text", 128, target_bytes=1_000)
+    assert small == 128  # never below the CPU batch size
+    _, big = plan_sized(fs, files, "doc_id", "text", 128, target_bytes=1 << 40)
+    assert big == MAX_BATCH_DOCS

@@ -1,0 +1,86 @@
+"""Nothing user-controlled drives the terminal (issue 20, item 11): file names, ids, job
+logs and error messages reach stdout and stderr with their control characters escaped
+(``docintel.jobs.ui.safe``). `docintel ingest`'s side is in test_ingest.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from docintel.jobs.cli import app
+from docintel.jobs.ui import safe
+from docintel.pipeline.errors import UsageError
+
+RAW = ("\x1b", "\r", "\x07", "\x08", "\x9b", "\u202e", "\u2066")
+HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\rover\x08\x9b31m\u202etxt.exe\u2066"
+
+
+def _assert_clean(text: str) -> None:
+    for raw in RAW:
+        assert raw not in text, (raw, text)
+
+
+def test_safe_escapes_every_terminal_control_visibly() -> None:
+    assert safe("plain name-1.txt, été 日本") == "plain name-1.txt, été 日本"
+    assert safe("a\x1b[31mb\rc") == "a\\x1b[31mb\\x0dc"
+    assert safe("x\u202ey\x9bz\x7f") == "x\\u202ey\\x9bz\\x7f"
+    assert safe("two\nlines\tand tab") == "two\\x0alines\\x09and tab"  # a name: one line
+    # multi-line text (logs, messages) keeps newlines and tabs; CRLF becomes LF
+    assert safe("l1\r\nl2\tx\x1b[0m\r", multiline=True) == "l1\nl2\tx\\x1b[0m\\x0d"
+    assert safe("caf\udce9.txt") == "caf\\udce9.txt"  # a lone surrogate would not print
+    _assert_clean(safe(HOSTILE))
+    _assert_clean(safe(HOSTILE, multiline=True))
+
+
+class _Jobs:
+    """What `docintel logs / status` get from the Jobs SDK, with hostile contents."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from docintel.jobs import submit as jobs
+
+        self.info = SimpleNamespace(
+            status="FAILED",
+            entrypoint=f"python -m docintel.jobs.batch --input {HOSTILE}",
+            start_time=None,
+            end_time=None,
+            driver_exit_code=1,
+            message=f"Job failed\ndocintel: run failed: {HOSTILE}",
+            submission_id=f"raysubmit_{HOSTILE}",
+            job_id=None,
+        )
+        monkeypatch.setattr(jobs, "connect", lambda *_: object())
+        monkeypatch.setattr(jobs, "job_logs", lambda *_: f"line 1\n{HOSTILE}\n")
+        monkeypatch.setattr(jobs, "job_info", self.job_info)
+
+        def follow(_client: Any, _job_id: str, write: Any) -> str:
+            write(f"streamed {HOSTILE}\r\n")
+            return ""
+
+        monkeypatch.setattr(jobs, "follow_logs", follow)
+
+    def job_info(self, _client: Any, job_id: str) -> Any:
+        if "\x1b" in job_id:
+            raise UsageError(f"the cluster has no job {job_id!r}")
+        return self.info
+
+
+def test_logs_status_and_errors_print_hostile_text_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _Jobs(monkeypatch)
+    runner = CliRunner()
+    logs = runner.invoke(app, ["logs", "raysubmit_x"])
+    assert logs.exit_code == 0, logs.output
+    assert logs.stdout.startswith("line 1\nok\\x1b[2J\\x1b]0;pwned\\x07\\x0dover")
+    follow = runner.invoke(app, ["logs", "raysubmit_x", "--follow"])
+    assert follow.exit_code == 0 and follow.stdout.startswith("streamed ok\\x1b[2J")
+    status = runner.invoke(app, ["status", "raysubmit_x"], env={"COLUMNS": "400"})
+    assert status.exit_code == 1, status.output
+    assert "--input ok\\x1b[2J" in status.stdout and "failed: ok\\x1b[2J" in status.stdout
+    unknown = runner.invoke(app, ["status", f"raysubmit_{HOSTILE}"])
+    assert unknown.exit_code == 2 and "no job" in unknown.stderr
+    for r in (logs, follow, status, unknown):
+        _assert_clean(r.stdout + r.stderr)
