@@ -27,6 +27,7 @@ from docintel.pipeline.sink import BatchStats, TaskMap
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
+OpenCallback = Callable[[str, int], None]  # (run id, batches an earlier invocation committed)
 
 
 def execute(
@@ -35,11 +36,13 @@ def execute(
     output_uri: str,
     on_start: StartCallback | None = None,
     on_batch: BatchCallback | None = None,
+    on_open: OpenCallback | None = None,
 ) -> RunSummary:
     """Run the pipeline from ``input_uri`` to ``output_uri``; the manifest is written last.
 
     ``on_start(total_documents, documents_already_done)`` and ``on_batch(stats)`` feed a
-    progress display.
+    progress display; ``on_open(run_id, resumed_batches)`` says, before any work, which
+    run this is (a generated run id is known from here on: the resume command names it).
     """
     t0 = time.perf_counter()
     p = prepare(cfg, input_uri)
@@ -47,6 +50,8 @@ def execute(
     with RunOutput.open(p, output_uri, cfg.run.run_id) as output:
         if output.complete:
             return output.completed_summary()
+        if on_open:
+            on_open(output.run_id, len(output.resumed))
         summary = RunSummary(
             output.run_id,
             output_uri,

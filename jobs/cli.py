@@ -9,6 +9,8 @@ and skipped (named in the summary and in the manifest's ``skipped_files``).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from docintel.jobs import cli_audit, cli_jobs, cli_models, cli_run
@@ -24,7 +26,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"docintel {version('docintel')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    del show_version  # handled by its callback
+
 
 for _fn in (
     cli_run.run,

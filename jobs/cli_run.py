@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -32,6 +33,7 @@ from docintel.jobs.ui import (
 )
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from docintel.pipeline.ingest import IngestResult
@@ -146,10 +148,22 @@ def run(
         "run.show_progress": None if progress else False,
         "run.verbose": True if verbose else None,
     }
+    seen: dict[str, Any] = {"batches": 0}
+
+    def opened(run: str, resumed: int) -> None:
+        seen.update(run_id=run, resumed=resumed)
+        again = f" (resuming: {resumed:,} batches already committed)" if resumed else ""
+        console.print(f"docintel: run {safe(run)}{again}", markup=False, highlight=False)
+
+    seen["on_open"] = opened
     try:
-        summary = run_with_progress(execute, load_config(config, overrides), input, output)
+        summary = run_with_progress(
+            execute, load_config(config, overrides), input, output, seen=seen
+        )
     except DocintelError as e:
         fail(e)
+    except KeyboardInterrupt:
+        interrupted(seen, run_id)
     print_run_summary(summary)
     if summary.partial:
         warn_partial(
@@ -158,6 +172,27 @@ def run(
             "input file(s) were unreadable and skipped (listed above and in _manifest.json "
             "skipped_files)",
         )
+
+
+def interrupted(seen: dict[str, Any], run_id: str | None) -> NoReturn:
+    """Ctrl-C: the stage replicas and the embedded Ray were stopped on the way out; say
+    which run it was, what it committed and the exact command that resumes it; exit 130."""
+    run = seen.get("run_id") or run_id
+    if run is None:  # stopped before the output was opened: nothing was written
+        console.print("docintel: interrupted before any work; nothing was written", markup=False)
+        raise typer.Exit(ExitCode.INTERRUPTED)
+    total = seen.get("resumed", 0) + seen.get("batches", 0)
+    command = shlex.join(["docintel", *sys.argv[1:]])
+    if "--run-id" not in sys.argv:
+        command += f" --run-id {shlex.quote(run)}"
+    console.print(
+        f"docintel: interrupted: run {safe(run)} has {total:,} batches committed "
+        f"({seen.get('batches', 0):,} by this invocation); resume it with:",
+        markup=False,
+        highlight=False,
+    )
+    out.print(safe(command), markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(ExitCode.INTERRUPTED)
 
 
 FolderArg = Annotated[

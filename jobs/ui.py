@@ -127,9 +127,12 @@ def _progress_bar(enabled: bool) -> Progress:
     )
 
 
-def run_with_progress(run: Callable[..., Any], cfg: Any, *args: Any) -> Any:
+def run_with_progress(
+    run: Callable[..., Any], cfg: Any, *args: Any, seen: dict[str, Any] | None = None
+) -> Any:
     """Call ``run(cfg, *args, on_start=..., on_batch=...)`` under a live progress bar (on a
-    terminal, or when DOCINTEL_PROGRESS is set, unless the config turns it off)."""
+    terminal, or when DOCINTEL_PROGRESS is set, unless the config turns it off).
+    ``seen["batches"]`` counts the batches written, for a message after an interrupt."""
     show = (cfg.run.show_progress and sys.stderr.isatty()) or os.environ.get(PROGRESS_ENV)
     progress = _progress_bar(bool(show))
     state: dict[str, Any] = {"task": None, "t0": time.perf_counter(), "docs": 0, "sents": 0}
@@ -141,14 +144,17 @@ def run_with_progress(run: Callable[..., Any], cfg: Any, *args: Any) -> Any:
         )
 
     def on_batch(stats: Any) -> None:
+        if seen is not None:
+            seen["batches"] = seen.get("batches", 0) + 1
         state["docs"] += stats.documents
         state["sents"] += stats.sentences
         dt = max(1e-9, time.perf_counter() - state["t0"])
         rate = f"{state['docs'] / dt:,.1f} docs/s {state['sents'] / dt:,.1f} sent/s"
         progress.update(state["task"], advance=stats.documents, sentences=state["sents"], rate=rate)
 
+    extra = {"on_open": seen["on_open"]} if seen and "on_open" in seen else {}
     with progress:
-        return run(cfg, *args, on_start=on_start, on_batch=on_batch)
+        return run(cfg, *args, on_start=on_start, on_batch=on_batch, **extra)
 
 
 def print_run_summary(s: Any) -> None:

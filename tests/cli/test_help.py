@@ -66,3 +66,19 @@ def test_wide_help_keeps_each_paragraph_on_one_line() -> None:
     paragraphs = _description(_help("submit", 150))
     first = paragraphs[0]
     assert len(first) == 1 and "Run the pipeline on a Ray cluster" in first[0], paragraphs
+
+
+def test_short_help_and_version() -> None:
+    """`-h` is `--help` for the app and every command; `--version` prints the version."""
+    from importlib.metadata import version
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "docintel.jobs.cli", *args],
+            capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+        )  # fmt: skip
+
+    assert cli("--version").stdout.strip() == f"docintel {version('docintel')}"
+    for args in (("-h",), ("run", "-h")):
+        short, long = cli(*args), cli(*args[:-1], "--help")
+        assert short.returncode == 0 and short.stdout == long.stdout

@@ -1,0 +1,53 @@
+"""Ctrl-C on `docintel run`: the run id is printed at the start, the interrupt says how
+many batches are committed and the exact command that resumes, exits 130 with nothing
+left running, and that command completes the run exactly once."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.cli.test_cli import DOCINTEL, docintel
+from tests.conftest import REPO, assert_exactly_once, write_docs
+
+
+def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path: Path) -> None:
+    ids = [f"i{i:03d}" for i in range(160)]
+    texts = [f"Revenue rose {i}% in the quarter. Costs fell sharply at unit {i}." for i in ids]
+    inp = write_docs(tmp_path / "in.parquet", ids, texts, row_group_size=160)
+    out = tmp_path / "out"
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [*DOCINTEL, "run", str(inp), str(out), "--batch-size", "4", "--no-progress"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list((out / "documents").glob("*.parquet"))) >= 2:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    text = stdout + stderr
+    assert "Traceback" not in text
+    started = next(line for line in stderr.splitlines() if line.startswith("docintel: run "))
+    run_id = started.split()[2]
+    assert f"interrupted: run {run_id} has" in text and "batches committed" in text
+    command = stdout.strip().splitlines()[-1]  # the command alone on stdout, unwrapped
+    args = shlex.split(command)
+    assert args[0] == "docintel" and args[-2:] == ["--run-id", run_id]
+    time.sleep(2)
+    left = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"still running after the interrupt: {[p.cmdline()[:3] for p in left]}"
+    again = docintel(*args[1:])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_exactly_once(out, ids)
