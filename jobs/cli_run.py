@@ -60,8 +60,8 @@ RunIdOpt = Annotated[
 BatchSizeOpt = Annotated[
     int | None,
     typer.Option(
-        help="Documents per batch, the unit written exactly once [default: auto: 128, or "
-        "about 1 MiB of text per batch on a run with GPU replicas]."
+        help="Documents per batch, the unit written exactly once. Default: auto, which is "
+        "128, or about 1 MiB of text per batch on a run with GPU replicas."
     ),
 ]
 EmbeddingsOpt = Annotated[
@@ -72,7 +72,7 @@ SpillOpt = Annotated[
     str | None,
     typer.Option(
         help="auto (GPU replicas first, spill to CPU replicas when they are saturated), "
-        "gpu-only, cpu-only, or off (no spill).",
+        "gpu-only, cpu-only, or off (no spill). Default: auto.",
     ),
 ]
 VerboseOpt = Annotated[
@@ -129,7 +129,7 @@ def run(
 
       docintel run data/demo/documents.parquet out/demo
 
-      docintel run corpus/ out/run1 --text-column body --id-column uuid --run-id run1
+      docintel run corpus/ out/run1 --text-column body --id-column uuid
 
       docintel run corpus/ out/run1 --run-id run1     # resume after a crash
     """
