@@ -148,6 +148,23 @@ def run(
         "run.show_progress": None if progress else False,
         "run.verbose": True if verbose else None,
     }
+    try:
+        summary = _watched(execute, load_config(config, overrides), input, output, run_id)
+    except DocintelError as e:
+        fail(e)
+    print_run_summary(summary)
+    if summary.partial:
+        warn_partial(
+            "run",
+            len(summary.skipped_files),
+            "input file(s) were unreadable and skipped (listed above and in _manifest.json "
+            "skipped_files)",
+        )
+
+
+def _watched(execute: Any, cfg: Any, input: str, output: str, run_id: str | None) -> Any:
+    """The run under a progress bar; its id printed when it starts, and on Ctrl-C what
+    resumes it (``interrupted``)."""
     seen: dict[str, Any] = {"batches": 0}
 
     def opened(run: str, resumed: int) -> None:
@@ -157,21 +174,9 @@ def run(
 
     seen["on_open"] = opened
     try:
-        summary = run_with_progress(
-            execute, load_config(config, overrides), input, output, seen=seen
-        )
-    except DocintelError as e:
-        fail(e)
+        return run_with_progress(execute, cfg, input, output, seen=seen)
     except KeyboardInterrupt:
         interrupted(seen, run_id)
-    print_run_summary(summary)
-    if summary.partial:
-        warn_partial(
-            "run",
-            len(summary.skipped_files),
-            "input file(s) were unreadable and skipped (listed above and in _manifest.json "
-            "skipped_files)",
-        )
 
 
 def interrupted(seen: dict[str, Any], run_id: str | None) -> NoReturn:
