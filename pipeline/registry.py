@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -80,8 +80,20 @@ from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.sentencize import Sentencizer, check_spacy_model
 from docintel.pipeline.versions import fingerprint
 
-if TYPE_CHECKING:
-    from docintel.pipeline.layout import Pool
+
+class Pool(Protocol):
+    """What a backend builder reads of a pool (docintel.pipeline.layout.Pool): the
+    registry sits below the layout, which sizes pools from it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def gpu_fraction(self) -> float: ...
+    @property
+    def precision(self) -> str: ...
+
 
 ENTRY_POINT_GROUP = "docintel.stages"
 # A small MLP gains nothing from intra-op parallelism; one thread (TF, or ORT for the ONNX
