@@ -28,6 +28,7 @@ from docintel.actors.resources import task_options
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
+from docintel.pipeline.pieces import Pieces, piece_id, take
 from docintel.pipeline.sink import BatchStats, RunSink
 from docintel.pipeline.source import WorkUnit, read_unit
 
@@ -49,9 +50,9 @@ def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) 
 _read_task = ray.remote(_read)
 
 
-def _write(sink: RunSink, batch: Batch) -> BatchStats:
+def _write(sink: RunSink, batch: Batch | Pieces, piece: int = -1) -> BatchStats:
     """A write task: the run's sink (resolved from its ref) writes one finished batch."""
-    return sink.write(batch)
+    return sink.write(take(batch, piece))
 
 
 _write_task = ray.remote(_write)
@@ -63,6 +64,8 @@ class _Flight:
     read_ref: ray.ObjectRef  # kept so a failed chain can restart from the read
     attempts: int = 1
     pools: dict[str, str] = field(default_factory=dict)  # stage -> pool that served it
+    piece: int = -1  # a piece of a split batch (pipeline/pieces.py): its index
+    count_ref: ray.ObjectRef | None = None  # the splitting call's piece count
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class Executor:
         on_tick: Callable[[float], None] | None = None,
         metrics: RunMetrics | None = None,
         wake: Callable[[], list[ray.ObjectRef]] | None = None,
+        split_stage: str | None = None,
     ) -> None:
         self.actors = actors  # replica key -> actor handle
         self.dispatcher = dispatcher
@@ -138,6 +142,10 @@ class Executor:
         self.stages = list(dispatcher.pools)
         steps = [READ, *self.stages, WRITE]
         self.after = dict(itertools.pairwise(steps))
+        # the stage that makes sentence rows splits a batch over the bound into pieces
+        # (pipeline/pieces.py); the step after it is told which piece each call serves
+        self.split_stage = split_stage if split_stage in self.stages else None
+        self.takes_piece = self.after[split_stage] if self.split_stage else None
         self.source_fs = source_fs
         self.id_column = id_column
         self.text_column = text_column
@@ -192,7 +200,7 @@ class Executor:
             if ready is None:
                 break
             now = time.monotonic()  # one timestamp per poll: see Dispatcher.release
-            for stats in self._settle(ready, st.pending, st.queues, now):
+            for stats in self._settle(ready, st, now):
                 st.live.pop(stats.batch_id, None)
                 st.admitted -= 1
                 done.append(stats)
@@ -254,18 +262,18 @@ class Executor:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return ready
 
-    def _settle(
-        self, ready: list[ray.ObjectRef], pending: dict, queues: dict, now: float
-    ) -> list[BatchStats]:
+    def _settle(self, ready: list[ray.ObjectRef], st: _Loop, now: float) -> list[BatchStats]:
         """Move finished calls on to their next stage; the batches written."""
-        written = []
+        written, queues = [], st.queues
         for ref in ready:
-            flight, stage, replica = pending.pop(ref)
+            flight, stage, replica = st.pending.pop(ref)
             if replica is not None:
                 self.dispatcher.release(replica, now)
                 if self.metrics:
                     self.metrics.call_done(stage, replica.pool, self._spilled(replica))
             if stage != WRITE:
+                if flight.count_ref is not None and self._fan_out(st, flight, ref, now):
+                    continue
                 queues[self.after[stage]].append((flight, ref, now))
                 continue
             stats = self._finish(flight, ref, queues)
@@ -279,6 +287,42 @@ class Executor:
             for s in self.stages:
                 self.metrics.held(s, len(queues[s]))
         return written
+
+    def _fan_out(self, st: _Loop, flight: _Flight, ref: ray.ObjectRef, now: float) -> bool:
+        """After the splitting stage: a batch that came back in ``n > 1`` pieces goes on as
+        ``n`` batches (less the pieces a resumed run already committed); False if whole."""
+        count_ref, flight.count_ref = flight.count_ref, None
+        try:
+            n = ray.get(count_ref)
+        except RayError:  # the call failed: the chain fails at its write and is retried
+            return False
+        if n == 1 or flight.piece >= 0:  # whole, or a retried piece: it knows its index
+            return False
+        nxt = self.after[self.split_stage]
+        later = self.stages[self.stages.index(self.split_stage) + 1 :]
+        st.live.pop(flight.batch_id, None)
+        st.admitted -= 1
+        self.unsubmitted.subtract(later)
+        for i in range(n):
+            pid = piece_id(flight.batch_id, i, n)
+            if pid in st.skip:
+                continue
+            piece = _Flight(pid, flight.read_ref, flight.attempts, dict(flight.pools), i)
+            st.live[pid] = piece
+            st.admitted += 1
+            self.unsubmitted.update(later)
+            st.queues[nxt].append((piece, ref, now))
+        return True
+
+    def _call(self, stage: str, flight: _Flight, ref: ray.ObjectRef, handle: Any) -> Any:
+        """One replica call: the splitting stage's returns the piece count too (kept on the
+        flight); the step after it names the piece a call serves."""
+        if stage == self.split_stage:
+            out, flight.count_ref = handle.process_split.remote(ref)
+            return out
+        if stage == self.takes_piece and flight.piece >= 0:
+            return handle.process.remote(ref, flight.piece)
+        return handle.process.remote(ref)
 
     def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
         for stage in self.stages:
@@ -297,12 +341,14 @@ class Executor:
                 if self.first_call is None:
                     self.first_call = time.perf_counter()
                 self.held_s[stage] += now - ready_at
-                out = self.actors[replica.key].process.remote(ref)
+                out = self._call(stage, flight, ref, self.actors[replica.key])
                 pending[out] = (flight, stage, replica)
         q = queues[WRITE]
         while q:
             flight, ref, _ = q.popleft()
-            out = _write_task.options(**task_options(self.io_cpus)).remote(self.sink.ref, ref)
+            piece = flight.piece if self.takes_piece == WRITE else -1
+            opts = task_options(self.io_cpus)
+            out = _write_task.options(**opts).remote(self.sink.ref, ref, piece)
             pending[out] = (flight, WRITE, None)
 
     def _finish(self, flight: _Flight, ref: ray.ObjectRef, queues: dict) -> BatchStats | None:

@@ -51,6 +51,7 @@ from docintel.pipeline.layout import (
     NodeShape,
     Pool,
     build_stage,
+    split_cap,
     stage_layout,
 )
 
@@ -318,7 +319,8 @@ class PoolManager:
         self._next[(pool.stage, pool.kind)] += 1
         rep = Replica(pool.stage, index, pool.kind, pool.max_in_flight)
         opts = actor_options(pool, actor_name(self.run_id, rep.key))
-        handle = _ACTOR.options(**opts).remote(build_stage(self.cfg, pool), rep.key)
+        stage = build_stage(self.cfg, pool)
+        handle = _ACTOR.options(**opts).remote(stage, rep.key, split_cap(self.cfg, pool.stage))
         self.actors[rep.key] = handle
         member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic(), initial)
         self._waiting += 1

@@ -19,9 +19,10 @@ from docintel.actors import cluster
 from docintel.actors.executor import Executor, Sink
 from docintel.actors.resources import task_options
 from docintel.pipeline.config import Config
-from docintel.pipeline.layout import Pool, stage_layout
+from docintel.pipeline.layout import Pool, split_stage, stage_layout
 from docintel.pipeline.lease import LeaseLost
 from docintel.pipeline.output import RunOutput, RunSummary
+from docintel.pipeline.pieces import completed
 from docintel.pipeline.plan import Plan, ensure_derived, prepare
 from docintel.pipeline.sink import BatchStats, TaskMap
 
@@ -113,6 +114,7 @@ def _stream(
             on_tick=pools.poll,
             metrics=pools.metrics,
             wake=pools.pending_refs,
+            split_stage=split_stage(cfg),
         )
 
         def record(stats: BatchStats) -> None:
@@ -120,7 +122,8 @@ def _stream(
             if on_batch:
                 on_batch(stats)
 
-        executor.run(p.units, output.resumed, record)
+        # a batch split into pieces is done when all its pieces are (pipeline/pieces.py)
+        executor.run(p.units, completed(output.resumed), record)
         # start-up: checks, Ray, reads and model loads until the first replica call (the
         # other replicas load meanwhile); processing: from there to the last batch written
         end = time.perf_counter()

@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import ray
+
 from docintel.actors.metrics import report_gpu_memory
 from docintel.pipeline.batch import Batch
+from docintel.pipeline.pieces import Pieces, split, take
 from docintel.pipeline.schema import BACKEND_GPU_BF16, BACKEND_GPU_FP16, BACKEND_GPU_FP32
 from docintel.pipeline.stages import Stage, run_stage
 
@@ -23,9 +26,12 @@ class StageActor:
     actor, so the driver can show the stage's own message (which model path, what was
     expected)."""
 
-    def __init__(self, stage: Stage, key: str = "") -> None:
+    def __init__(self, stage: Stage, key: str = "", split_cap: int = 0) -> None:
         self.stage = stage
         self.key = key  # stage/pool/index, for metrics
+        # the stage that makes sentence rows: batches over this many rows leave it split
+        # into pieces (pipeline/pieces.py); 0 = never split
+        self.split_cap = split_cap
         self.setup_error: Exception | None = None
         try:
             stage.setup()
@@ -35,8 +41,6 @@ class StageActor:
     def ready(self) -> dict[str, Any]:
         if self.setup_error is not None:
             raise self.setup_error
-        import ray
-
         return {
             "backend": self.stage.backend,
             "version": self.stage.version,
@@ -44,10 +48,23 @@ class StageActor:
             "node": ray.get_runtime_context().get_node_id(),
         }
 
-    def process(self, batch: Batch) -> Batch:
+    def process(self, batch: Batch | Pieces, piece: int = -1) -> Batch:
+        """Run the stage on ``batch`` (on its piece ``piece``, for a split batch)."""
         if self.setup_error is not None:
             raise self.setup_error
-        out = run_stage(self.stage, batch)
+        out = run_stage(self.stage, take(batch, piece))
         if self.stage.backend in CUDA_BACKENDS:
             report_gpu_memory(self.stage.name, self.key)
         return out
+
+    @ray.method(num_returns=2)
+    def process_split(self, batch: Batch | Pieces, piece: int = -1) -> tuple[Any, int]:
+        """:meth:`process`, for the stage that makes sentence rows: a result over the bound
+        comes back as its :class:`Pieces`, with the number of pieces as a second, small
+        object (the driver reads only that)."""
+        out = self.process(batch, piece)
+        if piece < 0 and self.split_cap:
+            pieces = split(out, self.split_cap)
+            if len(pieces) > 1:
+                return Pieces(tuple(pieces)), len(pieces)
+        return out, 1

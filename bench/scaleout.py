@@ -81,19 +81,34 @@ def corpus(folder: Path, batches: int, batch: int) -> Path:
     docs = batches * batch
     table = repeated_demo(-(-docs // DEMO_DOCS)).slice(0, docs)
     path = folder / f"corpus-{batches}.parquet"
-    pq.write_table(table, path, row_group_size=batch)
+    # no dictionary: the footers' sizes are then the texts' (an "auto" batch size is cut
+    # from them; repeated texts would look smaller dictionary-encoded)
+    pq.write_table(table, path, row_group_size=batch, use_dictionary=False)
     return path
 
 
-def config(run_id: str, n: int, batch: int, s_per_sentence: float) -> Config:
+def docs_per_batch(args: argparse.Namespace) -> int:
+    """Documents per batch: ``--batch``, or for ``auto`` what the plan cuts from
+    ``--batch-bytes`` of the demo corpus's text (one batch per row group)."""
+    if args.batch != "auto":
+        return int(args.batch)
+    texts = repeated_demo(1).column("text").to_pylist()
+    return max(1, int(args.batch_bytes / (sum(len(t.encode()) for t in texts) / len(texts))))
+
+
+def config(run_id: str, n: int, args: argparse.Namespace) -> Config:
     o: dict[str, Any] = {
         "run.run_id": run_id,
         "run.spill": "gpu-only",
-        "run.batch_size": batch,
+        "run.batch_size": args.batch if args.batch == "auto" else int(args.batch),
+        "run.gpu_batch_bytes": args.batch_bytes,
+        # the sentencizer's GPU replicas modelled too (rule-based spaCy's CPU cost off the
+        # two cores; each document is one sentence there)
+        "faults.gpu_model_rule_based": args.model_sentencize,
         "run.show_progress": False,
         "run.embeddings": False,
         "run.part_target_mb": 0,  # no end-of-run merge: nothing to measure there
-        "faults.gpu_model_s_per_sentence": s_per_sentence,
+        "faults.gpu_model_s_per_sentence": args.s_per_sentence,
         "resources.io_cpus": IO_CPUS,
     }
     for stage in STAGES:
@@ -177,9 +192,9 @@ def run_size(n: int, args: argparse.Namespace, folder: Path) -> Result:
 
 def _measure(sim: SimCluster, n: int, args: argparse.Namespace, folder: Path) -> Result:
     batches = args.per_gpu_batches * n
-    inp = corpus(folder, batches, args.batch)
+    inp = corpus(folder, batches, docs_per_batch(args))
     run_id = f"scale{n}"
-    cfg = config(run_id, n, args.batch, args.s_per_sentence)
+    cfg = config(run_id, n, args)
     driver = psutil.Process()
     marks: dict[str, Any] = {"done": 0}
     placement: dict[str, dict[str, int]] = {}
@@ -224,9 +239,11 @@ def _measure(sim: SimCluster, n: int, args: argparse.Namespace, folder: Path) ->
         summary = execute(cfg, str(inp), str(folder / f"out-{n}"), on_start, on_batch)
     finally:
         log.removeHandler(handler)
-    c0, c1 = marks["cpu0"], marks["cpu1"]
+    # "auto" batches: the plan's batch count may differ from the corpus's row groups; the
+    # readings are then taken here, after the commit
+    c0, c1 = marks["cpu0"], marks.get("cpu1") or node_cpu()
     used = {k: c1[k] - c0[k] for k in c0}
-    rss, procs = marks["rss"]
+    rss, procs = marks.get("rss") or tree_rss_mb([os.getpid()])
     return Result(
         n, summary, used.pop("driver"), used, rss, procs, len(actor_pids), with_framework,
         placement, handler.replicas, load_average(), steady_rate(finished),
@@ -238,7 +255,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     base = next((r for r in results if r.n == 1), None)
     print(
         f"# Scale-out: N stand-in GPU nodes, modelled GPU time "
-        f"{args.s_per_sentence * 1000:g} ms per sentence, batches of {args.batch} documents, "
+        f"{args.s_per_sentence * 1000:g} ms per sentence, batches of "
+        f"{docs_per_batch(args)} documents ({args.batch}), "
         f"{args.per_gpu_batches} batches per GPU\n"
     )
     for line in machine_lines():
@@ -292,7 +310,15 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,2,4,8", help="stand-in GPU node counts")
-    ap.add_argument("--batch", type=int, default=32, help="documents per batch")
+    ap.add_argument("--batch", default="32", help='documents per batch, or "auto"')
+    ap.add_argument(
+        "--batch-bytes", type=int, default=1 << 20, help="text per batch with --batch auto"
+    )
+    ap.add_argument(
+        "--model-sentencize",
+        action="store_true",
+        help="model the sentencizer's GPU replicas too ([faults] gpu_model_rule_based)",
+    )
     ap.add_argument("--per-gpu-batches", type=int, default=24, help="batches per GPU node")
     ap.add_argument(
         "--s-per-sentence",

@@ -38,10 +38,15 @@ DEFAULT_BATCH_SIZE = 128
 # runs MiniLM at ~50,000 short sentences/s; ~60 bytes a sentence, 1 MiB is ~17,000
 # sentences, ~0.35 s of work per stage call (the target is >= 0.25 s), and the driver's
 # fixed cost per batch (~3 ms: five Ray calls) is then ~0.2 us per short document. Bounded
-# by MAX_BATCH_DOCS documents (pipeline/source.py); a batch's sentences by its text (a
-# sentence is at least 2 bytes with its separator: at most ~0.5 M sentences, ~0.8 GB of
-# 384-d embeddings in the worst case; ~17,000 and 26 MB for news-like text).
+# by MAX_BATCH_DOCS documents (pipeline/source.py); a batch's sentences by
+# max_batch_sentences below (~17,000 sentences and 26 MB of embeddings for news-like text).
 DEFAULT_GPU_BATCH_BYTES = 1 << 20
+# The hard bound on a batch's sentences (the memory bound): after the stage that makes
+# sentence rows, a batch with more is split into pieces of at most this many sentences, at
+# document boundaries (pipeline/pieces.py); each piece goes on, and is committed, alone.
+# 65,536 sentences are 96 MiB of 384-d float32 embeddings plus their text; without it, 128
+# documents of 20,000 sentences each would be ~3.9 GB of embeddings in one batch.
+DEFAULT_MAX_BATCH_SENTENCES = 65_536
 DEFAULT_PART_TARGET_MB = 64  # output files data lakes like: tens of MB, not thousands of KB
 # Batches admitted into the pipeline at once (read..write). 0 = auto: two per stage
 # replica slot, enough to keep every replica busy while bounding memory.
@@ -88,6 +93,10 @@ DEFAULT_TORCH_THREADS = 0
 # "stock" = docintel.models/finsent, the head trained on the stock MiniLM (both trained on
 # the vendored finance sentiment data with `docintel train`).
 DEFAULT_CLASSIFIER_DIR = ""
+# The name of the bundled defaults wherever a model folder is asked for ([embed]
+# model_path, [classify] model_dir, `docintel evaluate`, `docintel run --model`): the same
+# as "" (the fine-tuned encoder and its head); "stock" names the stock pair.
+DEFAULT_MODEL_NAME = "default"
 DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
 
 # --- resources -----------------------------------------------------------------------
@@ -179,6 +188,8 @@ class RunConfig(_Strict):
     # text bytes (gpu_batch_bytes) on a run that can use GPUs, else DEFAULT_BATCH_SIZE.
     batch_size: int | Literal["auto"] = AUTO
     gpu_batch_bytes: int = Field(DEFAULT_GPU_BATCH_BYTES, ge=1024)
+    # at most this many sentences per batch: more are split into pieces, never refused
+    max_batch_sentences: int = Field(DEFAULT_MAX_BATCH_SENTENCES, ge=1)
     max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
     run_id: str = ""
     embeddings: bool = True
@@ -249,7 +260,7 @@ class EmbedConfig(_Strict):
 
         if self.model_path == STOCK:
             return stock_encoder_dir()
-        if self.model_path:
+        if self.model_path and self.model_path != DEFAULT_MODEL_NAME:
             return Path(self.model_path).expanduser()
         return bundled_encoder_dir()
 
@@ -272,7 +283,7 @@ class ClassifyConfig(_Strict):
 
         if self.model_dir == STOCK:
             return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
-        if self.model_dir:
+        if self.model_dir and self.model_dir != DEFAULT_MODEL_NAME:
             return Path(self.model_dir).expanduser()
         return bundled_classifier_dir()
 
@@ -394,14 +405,59 @@ class StorageConfig(_Strict):
     @field_validator("s3_endpoint")
     @classmethod
     def _no_credentials(cls, v: str) -> str:
-        # Any "@" is refused, with a scheme or without: "key:secret@host:9000" is userinfo
-        # too, and an endpoint (scheme, host, port) has no other place for one. The
-        # message never repeats the value: it holds a secret.
-        if "@" in v:
-            raise ValueError(
-                "credentials (user:password@) in the endpoint URL are refused; give only "
-                "scheme, host and port, and credentials through the AWS chain"
-            )
+        return no_userinfo(v, "endpoint", "scheme, host and port", "the AWS chain")
+
+
+def no_userinfo(v: str, what: str, give: str, chain: str) -> str:
+    """Refuse credentials (userinfo) in a URL from the config (an S3 endpoint, a catalog
+    URI). Any "@" is refused, with a scheme or without: "key:secret@host:9000" is userinfo
+    too. The message never repeats the value: it holds a secret."""
+    if "@" in v:
+        raise ValueError(
+            f"credentials (user:password@) in the {what} URL are refused; give only "
+            f"{give}, and credentials through {chain}"
+        )
+    return v
+
+
+# Iceberg output ([output] format = "iceberg"): the namespace of the three tables, and
+# catalog properties that are credentials (refused: they would be written to the manifest;
+# pyiceberg reads them from PYICEBERG_CATALOG__DOCINTEL__<KEY> or ~/.pyiceberg.yaml).
+DEFAULT_NAMESPACE = "docintel"
+SECRET_PROPERTY_WORDS = ("credential", "token", "secret", "password", "access-key", "key-id")
+
+
+class OutputConfig(_Strict):
+    """The table format of OUTPUT. "parquet": one run per folder (Parquet parts and
+    _manifest.json); "iceberg": OUTPUT is a warehouse of Iceberg tables (pipeline/sink_iceberg.py)
+    that every run appends to. No catalog configured: an embedded SQL catalog in
+    OUTPUT/_catalog.db (local outputs only)."""
+
+    format: Literal["parquet", "iceberg"] = "parquet"
+    namespace: str = Field(DEFAULT_NAMESPACE, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    catalog_uri: str = ""  # "" = the embedded SQL catalog; else e.g. a REST catalog's URL
+    catalog_type: str = ""  # "" = "rest" with a catalog_uri; any pyiceberg catalog type
+    # more pyiceberg catalog properties (warehouse, s3.region, ...); never credentials
+    catalog_properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("catalog_uri")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        return no_userinfo(
+            v, "catalog", "scheme, host, port and path", "PYICEBERG_CATALOG__DOCINTEL__* variables"
+        )
+
+    @field_validator("catalog_properties")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if any(word in key.lower() for word in SECRET_PROPERTY_WORDS):
+                env = key.upper().replace(".", "__").replace("-", "_")
+                raise ValueError(
+                    f"catalog property {key!r} is a credential; set it as the variable "
+                    f"PYICEBERG_CATALOG__DOCINTEL__{env} (or in ~/.pyiceberg.yaml), never in "
+                    "the config"
+                )
         return v
 
 
@@ -427,6 +483,9 @@ class FaultsConfig(_Strict):
     # load, to test that the run starts without waiting for every replica).
     load_delay_stage: str = ""
     load_delay_s: float = Field(0.0, ge=0)
+    # Iceberg output: the N-th table commit of a run raises after it succeeded (a lost
+    # answer from the catalog), once; 0 = off.
+    sink_commit_lost: int = Field(0, ge=0)
 
 
 class JobConfig(_Strict):
@@ -445,6 +504,10 @@ class AuditConfig(_Strict):
     risk_label: str = DEFAULT_RISK_LABEL
     top_n: int = Field(DEFAULT_REPORT_TOP_N, ge=1)
     trend_runs: int = Field(DEFAULT_TREND_RUNS, ge=1)
+    # Saved queries (`docintel search` over each night's new and changed documents): the
+    # report's "Watch list" shows each one's watch_top most similar sentences of the night.
+    watch: list[str] = Field(default_factory=list, max_length=100)
+    watch_top: int = Field(5, ge=1, le=100)
 
 
 class Config(_Strict):
@@ -456,6 +519,7 @@ class Config(_Strict):
     classify: ClassifyConfig = ClassifyConfig()
     resources: ResourcesConfig = ResourcesConfig()
     storage: StorageConfig = StorageConfig()
+    output: OutputConfig = OutputConfig()
     job: JobConfig = JobConfig()
     audit: AuditConfig = AuditConfig()
     faults: FaultsConfig = FaultsConfig()
@@ -469,6 +533,30 @@ class Config(_Strict):
         if v.id_column == v.text_column:
             raise ValueError(f"id_column and text_column are both {v.id_column!r}")
         return v
+
+    @model_validator(mode="after")
+    def _watch_needs_embeddings(self) -> Config:
+        if self.audit.watch and not self.run.embeddings:
+            raise ValueError(
+                "[audit] watch searches the night's embeddings, but [run] embeddings is "
+                "false: turn embeddings on, or empty the watch list"
+            )
+        if any(not q.strip() for q in self.audit.watch):
+            raise ValueError("[audit] watch holds an empty query")
+        return self
+
+    @model_validator(mode="after")
+    def _document_fits_a_piece(self) -> Config:
+        # a batch is split at document boundaries (pipeline/pieces.py): one document's
+        # sentences must fit the bound, or the bound would not hold
+        if self.sentencize.max_sentences > self.run.max_batch_sentences:
+            raise ValueError(
+                f"[sentencize] max_sentences ({self.sentencize.max_sentences:,}) is over "
+                f"[run] max_batch_sentences ({self.run.max_batch_sentences:,}): a batch is "
+                "split at document boundaries, so one document's sentences must fit in it; "
+                "lower max_sentences or raise max_batch_sentences"
+            )
+        return self
 
     def with_overrides(self, overrides: dict[str, Any]) -> Config:
         """Return a copy with dotted keys (``"run.batch_size"``) replaced; None = keep."""
@@ -496,9 +584,39 @@ def _validate(data: dict[str, Any], source: str) -> Config:
         return Config.model_validate(data)
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            _unknown_key(err["loc"]) if err["type"] == "extra_forbidden" else _problem(err)
+            for err in e.errors()
         )
         raise ConfigError(f"invalid configuration in {source}: {problems}") from e
+
+
+def _problem(err: Any) -> str:
+    """One pydantic error as a line: the key, then the message (a check over several keys
+    has no single key: its message names them)."""
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """An unknown key, named with its section, and the nearest valid key of that section
+    (difflib) or, when none is near, the section's keys."""
+    import difflib
+
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        ann = field.annotation if field is not None else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    key, section = str(loc[-1]), ".".join(str(p) for p in loc[:-1])
+    text = f"unknown key {key!r} in " + (f"[{section}]" if section else "the top level")
+    if model is None:
+        return text
+    valid = list(model.model_fields)
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if near:
+        return f"{text}; did you mean {near[0]!r}?"
+    return f"{text}; valid keys: {', '.join(valid)}"
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

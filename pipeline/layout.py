@@ -26,6 +26,7 @@ from typing import Literal
 from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, EMBED_REPLICAS_PER_LIGHT_REPLICA, Config, PoolConfig
 from docintel.pipeline.errors import ConfigError
+from docintel.pipeline.schema import SENT_INDEX
 from docintel.pipeline.stages import Stage
 from docintel.pipeline.stages.faults import wrap
 
@@ -324,6 +325,17 @@ def artefacts(cfg: Config, layout: dict[str, list[Pool]]) -> list[registry.Artef
 def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
     """Stages with a pool that runs int8 artefacts (they must exist before the run)."""
     return [s for s, pools in layout.items() if any(p.precision == "int8" for p in pools)]
+
+
+def split_stage(cfg: Config) -> str | None:
+    """The stage after which a batch over ``[run] max_batch_sentences`` sentence rows is
+    split into pieces (pipeline/pieces.py): the first that makes sentence rows."""
+    return next((s.name for s in registry.chain(cfg) if SENT_INDEX in s.output_columns), None)
+
+
+def split_cap(cfg: Config, stage: str) -> int:
+    """The row bound a replica of ``stage`` splits its results at (0: it never splits)."""
+    return cfg.run.max_batch_sentences if stage == split_stage(cfg) else 0
 
 
 def build_stage(cfg: Config, pool: Pool) -> Stage:

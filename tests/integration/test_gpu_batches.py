@@ -90,3 +90,62 @@ def test_resume_of_big_batches_redoes_only_the_missing_ones(tmp_path: Path) -> N
     again = execute(_config("gpuresume"), str(inp), str(out))
     assert again.batches == 2 and again.skipped_batches == len(parts) - 2
     assert_exactly_once(out, ids)
+
+
+# --- the hard bound on a batch's sentences (pipeline/pieces.py) ---------------------------
+
+PIECE_ROWS = 300  # ~1,000-document batches of one-sentence documents: four pieces each
+
+
+def _bounded(run_id: str, **more: object):
+    return _config(
+        run_id,
+        **{"run.max_batch_sentences": PIECE_ROWS, "sentencize.max_sentences": PIECE_ROWS},
+        **more,
+    )
+
+
+def test_batches_over_the_sentence_bound_split_into_pieces_exactly_once(tmp_path: Path) -> None:
+    inp, ids = _corpus(tmp_path)
+    poison = [ids[17], ids[4999]]
+    cfg = _bounded("pieces", **{"faults.poison_stage": "classify", "faults.poison_doc_ids": poison})
+    pids: list[int] = []
+
+    def kill_classify_once(_stats: object) -> None:
+        if pids:
+            return
+        old, new = kill_and_await_restart(ray.get_actor(actor_name("pieces", "classify/gpu/0")))
+        pids.extend(p for p in (old, new) if p is not None)
+
+    out = tmp_path / "out"
+    summary = execute(cfg, str(inp), str(out), on_batch=kill_classify_once)
+    assert len(pids) == 2, "the GPU replica was not replaced"
+    tables = assert_exactly_once(out, ids)
+    assert sorted(tables["errors"]["doc_id"]) == sorted(poison)
+    # every committed unit is a piece of at most PIECE_ROWS sentences
+    names = [p.stem for p in (out / "documents").glob("*.parquet")]
+    assert names and all("-p" in n and "of" in n for n in names), names
+    rows = [pq.read_metadata(p).num_rows for p in (out / "sentences").glob("*.parquet")]
+    assert len(rows) == len(names) and max(rows) <= PIECE_ROWS
+    assert sum(rows) == len(tables["sentences"])
+    assert summary.batches == len(names) > DOCS / PIECE_ROWS
+    assert summary.documents == DOCS and summary.errors == 2
+
+
+def test_resume_redoes_only_the_missing_pieces(tmp_path: Path) -> None:
+    inp, ids = _corpus(tmp_path)
+    out = tmp_path / "out"
+    first = execute(_bounded("piecesresume"), str(inp), str(out))
+    assert first.documents == DOCS
+    (out / "_manifest.json").unlink()
+    parts = sorted((out / "documents").glob("*.parquet"))
+    # a crash: one piece of the first batch and the whole of the last batch lost
+    last = parts[-1].stem.rsplit("-p", 1)[0]
+    lost = [parts[1], *(p for p in parts if p.stem.startswith(last + "-p"))]
+    for p in lost:
+        for table in ("documents", "sentences", "errors"):
+            (out / table / p.name).unlink(missing_ok=True)
+    again = execute(_bounded("piecesresume"), str(inp), str(out))
+    assert again.batches == len(lost)
+    assert again.skipped_batches == len(parts) - len(lost)
+    assert_exactly_once(out, ids)
