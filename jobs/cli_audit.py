@@ -58,7 +58,10 @@ def audit(
     others, each document's text hash is compared with the last audit's. The
     night's documents go through one normal docintel run, written to
     OUTPUT/run_date=DATE/ with report.json and report.html beside it; read all
-    nights at once through the hive partition run_date. A model change
+    nights at once through the hive partition run_date. With the config's output
+    format = "iceberg", OUTPUT is one Iceberg warehouse instead: each night appends its
+    snapshots (run id audit-DATE) to its tables, and run_date=DATE/ holds the
+    report. A model change
     reprocesses every document. Exit codes as `docintel run`; 3 means some
     source files were unreadable (they are read again next time).
 
@@ -107,6 +110,7 @@ def print_audit_summary(s: Any) -> None:
             f"do ({s.documents:,} documents, {s.sentences:,} sentences, {s.errors:,} "
             f"errors); report: {escape(safe(s.report))}",
             highlight=False,
+            soft_wrap=True,
         )
         return
     t = Table(title=f"docintel audit {s.date}", show_header=False)
@@ -125,9 +129,10 @@ def print_audit_summary(s: Any) -> None:
             t.add_row("batches (this run / resumed)", f"{s.run.batches} / {s.run.skipped_batches}")
     elif not s.ran:
         t.add_row("run", "none: nothing new or changed")
-    t.add_row("partition", escape(safe(s.partition)))
-    t.add_row("report", escape(safe(s.report)))
     out.print(t)
+    # paths on lines of their own, never wrapped or cut: they are copied and opened
+    out.print(f"partition: {escape(safe(s.partition))}", soft_wrap=True, highlight=False)
+    out.print(f"report: {escape(safe(s.report))}", soft_wrap=True, highlight=False)
     if s.models_changed:
         console.print(
             "[cyan]note:[/] the model versions differ from the last audit's, so every "

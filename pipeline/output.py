@@ -58,14 +58,23 @@ from docintel.pipeline.sink import (
     Existing,
     RunSink,
     TaskMap,
+    parquet_sink,
     resolve_output,
-    sink_for,
 )
+from docintel.pipeline.sink_iceberg import IcebergSink
 from docintel.pipeline.source import InputFile
 from docintel.pipeline.storage import display_uri, is_local, s3_error
 
 # RUN_STATE is re-exported: the audit tells a partition that holds a run by it
-__all__ = ["RUN_STATE", "ErrorBudget", "RunOutput", "RunSummary", "plan_key"]
+__all__ = ["RUN_STATE", "ErrorBudget", "RunOutput", "RunSummary", "plan_key", "sink_for"]
+
+
+def sink_for(fs: pafs.FileSystem, root: str, p: Plan) -> RunSink:
+    """The sink a run writes OUTPUT with: the one place a table format is chosen
+    (``[output] format``, ``--format``). Here, not in sink.py: the sinks import that."""
+    if p.cfg.output.format == "iceberg":
+        return IcebergSink(fs, root, p.cfg, tuple(p.labels), tuple(p.stages))
+    return parquet_sink(fs, root, p.cfg, p.labels)
 
 
 @dataclass
@@ -403,7 +412,7 @@ class RunOutput:
         run = p.cfg.run
         what = f"docintel run {run_id or '(new)'} of {p.input_uri}"
         with _opening(fs, root):
-            sink = sink_for(fs, root, p.cfg, p.labels)
+            sink = sink_for(fs, root, p)
             found = sink.open()  # read only; refuses a file, or tables of no run
             _check(found, p, key, output_uri, run_id)
             lease = Lease(fs, root, p.cfg.storage, what, run.lease_ttl_s, run.lease_wait_s)
@@ -489,6 +498,7 @@ class RunOutput:
         self.stage_seconds.update(stats.seconds)
         self._count(stats)
         self.written += 1
+        self.sink.written(stats)  # a sink that commits in groups may commit here
 
     def _count(self, stats: BatchStats) -> None:
         for key in ("documents", "sentences", "errors", "tokens"):

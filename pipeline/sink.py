@@ -10,14 +10,17 @@ resumable run (DESIGN.md, "The output contract"):
               resume()            resumed one settles what a crash left and learns the
                                   committed batches' stats
     workers   write(batch)        inside a Ray write task: one batch, atomically
-    driver    finish(task_map)    after the last write (compaction), on tasks the runner runs
+    driver    written(stats)      as each written batch is recorded (a sink that commits
+                                  in groups commits here; Parquet parts: nothing)
+              finish(task_map)    after the last write (compaction), on tasks the runner runs
               commit(manifest)    the manifest, last and atomically: the run is committed
               abort()             the run stops uncommitted: keep what a resume needs
 
 ``pipeline/output.py`` (:class:`~docintel.pipeline.output.RunOutput`) keeps the run-level
 protocol (lease, error budget, counts, what the manifest says) and calls only this
-interface, so a second table format (an Iceberg sink) is one more subclass here, chosen by
-:func:`sink_for`, with no change to output.py, the executor or the runner. The sink object
+interface, so a second table format is one more subclass (pipeline/sink_iceberg.py's
+``IcebergSink``), chosen by ``sink_for`` in output.py (not here: the subclasses import this
+module), with no change to the executor or the runner. The sink object
 travels to every write task (the executor puts it in the object store once per run), so it
 holds only small, picklable things: a filesystem, a root path, the labels, flags.
 
@@ -94,6 +97,7 @@ from docintel.pipeline.storage import check_bucket, display_uri, is_local, resol
 TABLES = ("documents", "sentences", "errors")
 MANIFEST = "_manifest.json"  # the contract's commit marker, whatever the table format
 RUN_STATE = "_run.json"  # written first: marks the folder as holding (part of) this run
+ICEBERG_MARKERS = ("_catalog.db", "_runs")  # an Iceberg warehouse (pipeline/sink_iceberg.py)
 COMPRESSION = "zstd"  # small files, fast to decode; every reader we target supports it
 
 _T = TypeVar("_T")
@@ -312,6 +316,11 @@ class RunSink(ABC):
         """On a worker: write one finished batch so that it is committed whole or not at
         all (idempotent: a retried task rewrites the same batch), and return its stats."""
 
+    def written(self, stats: BatchStats) -> None:  # noqa: B027 (optional hook)
+        """On the driver, as a written batch is recorded (its stats): a sink that commits
+        batches in groups commits here. By default nothing: a batch is committed by its
+        own write."""
+
     @abstractmethod
     def finish(self, task_map: TaskMap) -> dict[str, Any]:
         """After the last write, before the commit: reorganise what was written (compact
@@ -331,8 +340,8 @@ class RunSink(ABC):
         same run id needs, and drop only what no resume can use."""
 
 
-def sink_for(fs: pafs.FileSystem, root: str, cfg: Config, labels: Sequence[str]) -> RunSink:
-    """The sink a run writes OUTPUT with (the one place a second table format is chosen)."""
+def parquet_sink(fs: pafs.FileSystem, root: str, cfg: Config, labels: Sequence[str]) -> RunSink:
+    """The Parquet-parts sink of a run with ``cfg`` (output.py's ``sink_for`` chooses)."""
     return ParquetPartsSink(
         fs, root, tuple(labels), cfg.run.embeddings, int(cfg.run.part_target_mb * 2**20)
     )
@@ -374,6 +383,11 @@ def _parts(fs: pafs.FileSystem, root: str, table: str) -> list[tuple[str, pafs.F
         if key is not None and info.type == pafs.FileType.File:
             found.append((key, info))
     return found
+
+
+def part_keys(fs: pafs.FileSystem, root: str, table: str) -> list[str]:
+    """The batch ids (or merged groups) of one table's parts, sorted (one listing)."""
+    return sorted(key for key, _ in _parts(fs, root, table))
 
 
 def part_files(fs: pafs.FileSystem, root: str, table: str) -> list[str]:
@@ -512,6 +526,11 @@ class ParquetPartsSink(RunSink):
         if fs.get_file_info(root).type == pafs.FileType.File:
             raise UsageError(f"output {self.uri} is a file; give a folder or s3:// prefix")
         existing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        if any(i.base_name in ICEBERG_MARKERS for i in existing):
+            raise UsageError(
+                f"output {self.uri} is an Iceberg warehouse of docintel (_catalog.db, "
+                "_runs/); write to it with --format iceberg, or choose an empty output folder"
+            )
         if any(i.base_name in TABLES for i in existing):
             raise UsageError(
                 f"output {self.uri} already holds docintel tables but no run "

@@ -21,7 +21,14 @@ Layout under the audit OUTPUT (a local folder or an ``s3://`` prefix)::
                                         counts; marks the staging complete) and
                                         _doc_index.parquet (the index once D completes)
     run_date=D/                         a normal docintel run (run id ``audit-D``) over the
-                                        staging input, plus report.json and report.html
+                                        staging input, plus report.html, report.json,
+                                        review.csv and changes.csv
+    latest/                             each current document once, its latest version
+                                        (latest.py), updated before the state is committed
+
+With ``[output] format = "iceberg"`` the night's run is not in ``run_date=D/`` (which then
+holds the report only) but appended to the Iceberg tables of the audit root's warehouse
+(``_catalog.db``, ``<namespace>/<table>/``, ``_runs/audit-D/``; tables.py).
 
 Why the selection is persisted before the run: a crashed audit resumes its run with the
 same run id and the *same* input (the run's batch ids depend on the input's layout), and
@@ -37,7 +44,11 @@ unchanged. Ids the index holds that the source no longer has are counted as remo
 
 Modules: state.py is the audit root (its layout, ``state.json``, the doc index, what a
 crash leaves behind); select.py decides a night's documents and writes their staging
-input and the selection; night.py runs :func:`run_audit`, night by night.
+input and the selection; changes.py lists a night's new, changed and removed documents
+and a changed document's added and removed sentences; latest.py keeps ``latest/``;
+tables.py says where a night's run writes and reads it back as tables (either format);
+night.py runs :func:`run_audit`, night by night. A failed audit removes a half-written
+staging and the folders it created and left empty.
 """
 
 from docintel.pipeline.audit.night import Execute, run_audit

@@ -1,8 +1,9 @@
 """One audit call: the order of the nights, and each night from selection to committed state.
 
-Per night: check the models, select the documents (or reuse the selection a crashed audit
-of the same date persisted), run them through the injected run function, write the report,
-and commit the state last.
+Per night: check the models (and, with Iceberg output, the warehouse), select the
+documents (or reuse the selection a crashed audit of the same date persisted), run them
+through the injected run function (into the night's partition, or appended to the audit
+root's Iceberg tables: tables.py), write the report, and commit the state last.
 """
 
 from __future__ import annotations
@@ -12,26 +13,44 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from docintel.pipeline.audit.changes import describe_changes, diff_index
+from docintel.pipeline.audit.latest import update_latest
 from docintel.pipeline.audit.select import select_documents, waiting_since
 from docintel.pipeline.audit.state import (
+    INDEX_SCHEMA,
     AuditLayout,
     AuditSummary,
     already_complete,
     commit_state,
     completed,
     drop_incomplete_staging,
+    drop_unmarked_staging,
     parse_date,
     pending_dates,
+    read_index,
     read_json,
     read_state,
+    remove_empty_dirs,
+)
+from docintel.pipeline.audit.tables import (
+    NightTables,
+    check_iceberg_output,
+    night_tables,
+    run_id_of,
+    run_output,
+    run_started,
 )
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError, OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
-from docintel.pipeline.output import RUN_STATE, RunSummary
+from docintel.pipeline.output import RunSummary
 from docintel.pipeline.plan import check_models, ensure_derived
-from docintel.pipeline.report import REPORT_JSON, write_report
+from docintel.pipeline.report import REPORT_HTML, REPORT_JSON, write_report
 from docintel.pipeline.sink import BatchStats, resolve_output
+from docintel.pipeline.tables import RunTables
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
@@ -90,20 +109,38 @@ def run_audit(
     day = parse_date(date)
     fs, root = resolve_output(output, cfg.storage)
     lay = AuditLayout(fs, root)
+    root_existed = fs.get_file_info(root).type != pafs.FileType.NotFound
+    held = False
     # One audit at a time per audit root: the state is read, then rewritten whole.
     run = cfg.run
-    with Lease(fs, lay.audit_dir, cfg.storage, f"docintel audit {day}", run.lease_ttl_s,
-               run.lease_wait_s) as lease:  # fmt: skip
-        state = read_state(lay)
-        done = completed(state)
-        if day in done:
-            return _already_done(cfg, done[day], source, output, state)
-        audit = _Audit(cfg, lay, output, execute, on_start, on_batch, lease)
-        notes, state = _finish_earlier(audit, day, state, done)
-        drop_incomplete_staging(lay, day, completed(state))
-        summary = _audit_one(audit, day, source, state)
-        summary.notes[:0] = notes
-        return summary
+    try:
+        with Lease(fs, lay.audit_dir, cfg.storage, f"docintel audit {day}", run.lease_ttl_s,
+                   run.lease_wait_s) as lease:  # fmt: skip
+            held = True
+            audit = _Audit(cfg, lay, output, execute, on_start, on_batch, lease)
+            try:
+                return _locked(audit, day, source)
+            except BaseException:
+                drop_unmarked_staging(lay, day)  # no half-made staging is left behind
+                raise
+    except BaseException:
+        if held:  # the folders this audit made and left empty go too (not another's)
+            remove_empty_dirs(lay, root_existed)
+        raise
+
+
+def _locked(audit: _Audit, day: str, source: str) -> AuditSummary:
+    """The audit of ``day`` under the ``_audit/`` lease."""
+    lay = audit.lay
+    state = read_state(lay)
+    done = completed(state)
+    if day in done:
+        return _already_done(audit.cfg, done[day], source, audit.output, state)
+    notes, state = _finish_earlier(audit, day, state, done)
+    drop_incomplete_staging(lay, day, completed(state))
+    summary = _audit_one(audit, day, source, state)
+    summary.notes[:0] = notes
+    return summary
 
 
 def _already_done(
@@ -159,20 +196,24 @@ def _audit_one(
 ) -> AuditSummary:
     """Select (or reuse the selection of) ``day``, run it, report, then commit the state."""
     cfg, lay = audit.cfg, audit.lay
-    models = _models(cfg)
+    models = _models(cfg, lay)
     partition = lay.partition(day)
     selection, resumed = _selection(audit, day, source, state, models)
-    run_id = f"audit-{day}"
+    run_id = run_id_of(day)
     ran = selection["selected"] > 0
     run_summary = None
     if ran:
         run_cfg = cfg.with_overrides({"run.run_id": run_id})
-        run_summary = audit.execute(
-            run_cfg, lay.uri(lay.staging(day)), lay.uri(partition), audit.on_start, audit.on_batch
-        )
+        staging, dst = lay.uri(lay.staging(day)), run_output(cfg, lay, day)
+        run_summary = audit.execute(run_cfg, staging, dst, audit.on_start, audit.on_batch)
+    night = night_tables(cfg, lay)
     record = _audit_record(audit, day, selection, models, run_id if ran else None)
+    record.update(_night_changes(lay, day, state, night))
+    if ran and cfg.audit.watch:
+        record["watch"] = _watch(cfg, night(day))
     history = _history(lay, state, cfg.audit.trend_runs)
-    report = write_report(lay.fs, partition, record, history, cfg.audit.risk_label, cfg.audit.top_n)
+    a = cfg.audit
+    report = write_report(lay.fs, partition, record, history, a.risk_label, a.top_n, night(day))
     entry = _state_entry(lay, record, selection, report["counts"])
     audit.lease.renew()  # the state is committed under a claim that is fresh and ours
     audit.lease.check()
@@ -180,8 +221,9 @@ def _audit_one(
     return _summary(audit, entry, selection, models, resumed, run_summary)
 
 
-def _models(cfg: Config) -> dict[str, str]:
-    """The versions of the night's models; the classifier must know ``[audit] risk_label``."""
+def _models(cfg: Config, lay: AuditLayout) -> dict[str, str]:
+    """The versions of the night's models; the classifier must know ``[audit] risk_label``.
+    With Iceberg output, the warehouse must take the night's rows (else exit 2 here)."""
     ensure_derived(cfg)  # what the night's run will need, built before anything is staged
     labels, versions, _ = check_models(cfg)
     if cfg.audit.risk_label not in labels:
@@ -190,6 +232,7 @@ def _models(cfg: Config) -> dict[str, str]:
             f"{cfg.classify.resolved_model_dir()} (its labels: {', '.join(labels)}); set "
             "[audit] risk_label to one of them"
         )
+    check_iceberg_output(cfg, lay, labels)
     return versions  # per stage: the sentencizer's spaCy pipeline, the models' versions
 
 
@@ -208,11 +251,13 @@ def _selection(
     if selection is None:
         if source is None:  # only pending dates come without a source, and they have one
             raise RunFailed(f"{lay.uri(lay.selection(day))} vanished while auditing")
-        if lay.exists(f"{partition}/{RUN_STATE}"):
+        started = run_started(audit.cfg, lay, day)
+        if started is not None:
+            run_dir = lay.uri(started.rsplit("/", 1)[0])
             raise OutputError(
-                f"{lay.uri(partition)} holds a run but {lay.uri(lay.selection(day))}, the "
-                f"record of its input, is missing; delete {lay.uri(partition)} to redo the "
-                f"audit of {day}"
+                f"{run_dir} holds the run {run_id_of(day)} but {lay.uri(lay.selection(day))}, "
+                f"the record of its input, is missing; delete {run_dir} (and, with Iceberg "
+                f"output, that run's snapshots) to redo the audit of {day}"
             )
         return select_documents(audit.cfg, lay, day, source, state, models), False
     if source is not None and selection["source"] != source:
@@ -228,6 +273,30 @@ def _selection(
             f"{lay.uri(lay.staging(day))} to redo the night with the new ones"
         )
     return selection, True
+
+
+def _night_changes(
+    lay: AuditLayout, day: str, state: dict[str, Any] | None, night: NightTables
+) -> dict[str, Any]:
+    """Tonight's changes by document, and ``latest/`` brought up to date (its corpus
+    counts): from the index before the night and the pending one after it."""
+    old = read_index(lay, state) if state else INDEX_SCHEMA.empty_table()
+    with lay.fs.open_input_file(lay.pending_index(day)) as f:
+        new = pq.read_table(f).cast(INDEX_SCHEMA)
+    diff = diff_index(old, new, day)
+    corpus = update_latest(lay, day, new, diff, max(completed(state), default=None), night)
+    return {"changes": describe_changes(night, day, diff), "corpus": corpus}
+
+
+def _watch(cfg: Config, tables: RunTables) -> list[dict[str, Any]]:
+    """The ``[audit] watch`` queries' top sentences among the night's new and changed
+    documents (the night's run), one flat row per hit for the report's watch list."""
+    from docintel.pipeline.search import watch_hits  # the encoder: only when asked
+    from docintel.pipeline.search_source import SentencesSource
+
+    a = cfg.audit
+    found = watch_hits(SentencesSource.of(tables, cfg.storage), a.watch, None, a.watch_top, cfg)
+    return [{"query": q, **hit} for q in a.watch for hit in found.get(q, [])]
 
 
 def _audit_record(
@@ -286,7 +355,8 @@ def _state_entry(
         "documents": counts["documents"],
         "sentences": counts["sentences"],
         "errors": counts["errors"],
-        "report": lay.uri(f"{lay.partition(record['date'])}/{REPORT_JSON}"),
+        "report": lay.uri(f"{lay.partition(record['date'])}/{REPORT_HTML}"),  # people read
+        "report_json": lay.uri(f"{lay.partition(record['date'])}/{REPORT_JSON}"),
         "ran": record["ran"],
         "models_changed": selection["models_changed"],
         "source": selection["source"],

@@ -18,6 +18,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -266,6 +267,30 @@ def drop_incomplete_staging(lay: AuditLayout, day: str, done: dict[str, Any]) ->
     for other, path in _dated_dirs(lay):
         if other != day and other not in done and not lay.exists(lay.selection(other)):
             lay.fs.delete_dir(path)
+
+
+def drop_unmarked_staging(lay: AuditLayout, day: str) -> None:
+    """After a failed audit of ``day``: its staging without a selection marker (a
+    selection that failed half-way) goes; a complete one stays, for the resume."""
+    path = lay.staging(day)
+    if lay.fs.get_file_info(path).type == pafs.FileType.Directory and not lay.exists(
+        lay.selection(day)
+    ):
+        with contextlib.suppress(OSError):
+            lay.fs.delete_dir(path)
+
+
+def remove_empty_dirs(lay: AuditLayout, root_existed: bool) -> None:
+    """After a failed audit, on a local disk: the folders it left empty (``_audit/inputs``,
+    ``_audit``, and the audit root when the audit created it). ``rmdir`` removes only an
+    empty folder, so nothing another writer put there meanwhile is touched. Object stores
+    have no folders to leave behind."""
+    if not isinstance(lay.fs, pafs.LocalFileSystem):
+        return
+    dirs = [lay.inputs, lay.audit_dir, *([] if root_existed else [lay.root])]
+    for path in dirs:
+        with contextlib.suppress(OSError):
+            Path(path).rmdir()
 
 
 def _swap_state(

@@ -1,16 +1,19 @@
 """Reading a committed run and building the audit report: ``report.json`` (and, through
 html.py, ``report.html``).
 
-``write_report`` reads one committed docintel run (documents/, sentences/, errors/ and
-``_manifest.json``) and writes, beside it, what an auditor reads the next morning: counts,
-the label distribution, the highest-risk sentences, the trend of label shares over the
-previous audits, how much work the GPU and the int8 CPU replicas did, throughput and the
-errors. The JSON is the record that later audits' trend charts are built from; the HTML
-(rendered from the same dict by html.py) is one file that opens offline in any browser.
+``write_report`` reads one committed docintel run (its documents, sentences and errors and
+its ``_manifest.json``, through tables.py: a Parquet run folder or one run's rows of
+Iceberg tables) and writes, into the run folder (the night's partition), what an auditor
+reads the next morning: counts, the label distribution, the highest-risk sentences, the
+trend of label shares over the previous audits, how much work the GPU and the int8 CPU
+replicas did, throughput and the errors. The JSON is the record that later audits' trend
+charts are built from; the HTML (rendered from the same dict by html.py) is one file that
+opens offline in any browser.
 
-Memory stays flat whatever the run's size: tables are read record batch by record batch,
-only the columns needed (never the embedding), and the top-N sentences are a running
-selection, so the whole sentences table is never turned into Python objects.
+Memory stays small whatever the run's size: tables are read record batch by record batch,
+only the columns needed (never the embedding), the top-N sentences are a running
+selection, and the review keeps a few numbers per document in Arrow (review.py), so the
+sentences table is never held whole nor turned into Python objects.
 """
 
 from __future__ import annotations
@@ -18,25 +21,31 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from docintel.pipeline.errors import ConfigError, InputError, UsageError
 from docintel.pipeline.report.html import render_html
 from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
+from docintel.pipeline.report.review import (
+    CHANGES_CSV,
+    REVIEW_CSV,
+    DocScores,
+    changes_csv,
+    review_csv,
+    review_sections,
+)
+from docintel.pipeline.tables import ParquetRun, RunTables
 from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.sink import MANIFEST, atomic_write, part_files, read_manifest
+from docintel.pipeline.sink import atomic_write
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_VERSION = 1  # bump when a key that trend-building reads changes meaning
 
-READ_BATCH_ROWS = 16_384  # rows per record batch: bounds memory on huge part files
 ERROR_SAMPLES = 5  # error rows shown verbatim: enough to see the pattern, not a dump
 MESSAGE_CHARS = 300  # error messages are cut here in the report (the table has them whole)
 
@@ -44,6 +53,7 @@ MESSAGE_CHARS = 300  # error messages are cut here in the report (the table has 
 # embed_int8.py), mapped onto the share families of keys.SHARE_KEYS.
 GPU_PREFIX = "gpu-"  # gpu-fp16, gpu-bf16, gpu-sim (a logical GPU without CUDA)
 CPU_INT8 = "cpu-int8"
+READ_BATCH_ROWS = 16_384  # rows per record batch: bounds memory on huge files
 
 
 def write_report(
@@ -53,8 +63,12 @@ def write_report(
     history: list[dict],
     risk_label: str,
     top_n: int,
+    tables: RunTables | None = None,
 ) -> dict:
     """Build the report of the run in ``run_root``, write report.json and report.html there.
+
+    ``tables``: where the run's rows are, when not in ``run_root`` as Parquet output (an
+    audit with Iceberg output: its run's rows of the warehouse's tables).
 
     ``audit`` describes the night (date, run id, new/changed/removed/unchanged counts,
     whether anything ran); ``history`` holds earlier nights' returned dicts, oldest first,
@@ -67,7 +81,8 @@ def write_report(
     if missing:
         raise UsageError(f"audit dict for {run_root} lacks {missing}; pass at least date and ran")
     root = run_root.rstrip("/") or "/"
-    report = build_report(fs, root, audit, history, risk_label, top_n)
+    report = build_report(tables or ParquetRun(fs, root), audit, history, risk_label, top_n)
+    ranked = report.pop("_ranked")
     # Round-trip through JSON so the returned dict is exactly what report.json holds
     # (datetimes in the audit dict become ISO strings in both).
     text = json.dumps(report, indent=2, default=_json_default, ensure_ascii=False)
@@ -75,6 +90,8 @@ def write_report(
     if not isinstance(fs, pafs.S3FileSystem):
         # Nothing ran: the partition folder may not exist yet. Object stores need none.
         fs.create_dir(root, recursive=True)
+    atomic_write(fs, f"{root}/{REVIEW_CSV}", review_csv(ranked, report["review"]))
+    atomic_write(fs, f"{root}/{CHANGES_CSV}", changes_csv(report.get("changes") or {}))
     atomic_write(fs, f"{root}/{REPORT_JSON}", text.encode())
     atomic_write(fs, f"{root}/{REPORT_HTML}", render_html(report).encode())
     return report
@@ -90,8 +107,7 @@ def _json_default(value: object) -> str:
 
 
 def build_report(
-    fs: pafs.FileSystem,
-    root: str,
+    tables: RunTables,
     audit: dict,
     history: list[dict],
     risk_label: str,
@@ -106,15 +122,16 @@ def build_report(
         top_n=top_n,
     )
     if audit["ran"]:
-        manifest = read_manifest(fs, root)
+        manifest = tables.manifest()
         if manifest is None:
             raise InputError(
-                f"{root}/{MANIFEST} is missing: the run in {root} is not committed, so "
-                "there is nothing to report yet; finish (or resume) the run first"
+                f"{tables.manifest_uri} is missing: the run {tables.uri} is not committed, "
+                "so there is nothing to report yet; finish (or resume) the run first"
             )
-        report.update(_run_sections(fs, root, manifest, risk_label, top_n))
+        report.update(_run_sections(tables, manifest, risk_label, top_n, audit.get("changes")))
     else:
         report.update(_empty_sections())
+        report["_ranked"] = DocScores(risk_label).ranked(audit.get("changes"))
     report["trend"] = _trend(history, report)
     return report
 
@@ -129,6 +146,9 @@ def _empty_sections() -> dict[str, Any]:
         "label_shares": {},
         "top_label_distribution": {},
         "top_risk": [],
+        "review": [],
+        "review_total": 0,
+        "drilldown": [],
         "backends": {},
         "backend_share": {},
         "resumed_batches": 0,
@@ -141,17 +161,23 @@ def _empty_sections() -> dict[str, Any]:
 
 
 def _run_sections(
-    fs: pafs.FileSystem, root: str, manifest: dict[str, Any], risk_label: str, top_n: int
+    tables: RunTables,
+    manifest: dict[str, Any],
+    risk_label: str,
+    top_n: int,
+    changes: dict[str, Any] | None,
 ) -> dict[str, Any]:
     labels = list(manifest.get("labels", []))
     if risk_label not in labels:
         raise ConfigError(
             f"[audit] risk_label {risk_label!r} is not a label of the classifier that made "
-            f"{root} (its labels: {', '.join(labels)}); set [audit] risk_label to one of them"
+            f"{tables.uri} (its labels: {', '.join(labels)}); set [audit] risk_label to one of them"
         )
-    docs = _documents(fs, root)
-    sents = _sentences(fs, root, risk_label, top_n)
-    errs = _errors(fs, root)
+    scores = DocScores(risk_label)
+    docs = _documents(tables, scores)
+    sents = _sentences(tables, risk_label, top_n, scores)
+    ranked = scores.ranked(changes)
+    errs = _errors(tables)
     for lb in sents["label_counts"]:
         if lb not in labels:
             labels.append(lb)  # a label the manifest does not name: still counted
@@ -178,6 +204,8 @@ def _run_sections(
         "label_shares": {lb: (c / n_sent if n_sent else None) for lb, c in label_counts.items()},
         "top_label_distribution": docs["top_labels"],
         "top_risk": sents["top_risk"],
+        **review_sections(tables, ranked, risk_label, top_n),
+        "_ranked": ranked,  # popped by write_report: review.csv, not report.json
         "backends": backends,
         "backend_share": _backend_share(backends, manifest.get("stages", [])),
         "resumed_batches": int(manifest.get("resumed_batches", 0)),
@@ -189,22 +217,6 @@ def _run_sections(
     }
 
 
-def _batches(
-    fs: pafs.FileSystem, root: str, table: str, columns: list[str]
-) -> Iterator[pa.RecordBatch]:
-    """Record batches of ``columns`` from every part of ``table``, one file open at a time."""
-    for path in part_files(fs, root, table):  # the sink's names: hidden temporaries skipped
-        with fs.open_input_file(path) as f:
-            pf = pq.ParquetFile(f)
-            absent = [c for c in columns if c not in pf.schema_arrow.names]
-            if absent:
-                raise InputError(
-                    f"{path} has no column(s) {absent}: it is not a docintel {table} part "
-                    f"(see pipeline/schema.py); remove it from {root}/{table}"
-                )
-            yield from pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=columns)
-
-
 def _value_counts(values: pa.Array) -> Counter[str]:
     return Counter(
         {
@@ -214,12 +226,13 @@ def _value_counts(values: pa.Array) -> Counter[str]:
     )
 
 
-def _documents(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
+def _documents(tables: RunTables, scores: DocScores) -> dict[str, Any]:
     n = 0
     status: Counter[str] = Counter()
     top: Counter[str] = Counter()
-    for b in _batches(fs, root, "documents", [DOC_ID, "status", "top_label"]):
+    for b in tables.batches("documents", [DOC_ID, "status", "top_label"], rows=READ_BATCH_ROWS):
         n += b.num_rows
+        scores.add_documents(b)
         status.update(_value_counts(b.column("status")))
         top.update(_value_counts(b.column("top_label")))
     ordered = sorted(top.items(), key=lambda kv: (kv[0] == NO_TOP_LABEL, kv[0]))
@@ -229,14 +242,16 @@ def _documents(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
 TOP_SORT = [(SCORE, "descending"), (DOC_ID, "ascending"), (SENT_INDEX, "ascending")]
 
 
-def _sentences(fs: pafs.FileSystem, root: str, risk_label: str, top_n: int) -> dict[str, Any]:
-    """Counts per label, tokens, and a running top-N of the risk label by score."""
+def _sentences(tables: RunTables, risk_label: str, top_n: int, scores: DocScores) -> dict[str, Any]:
+    """Counts per label, tokens, a running top-N of the risk label by score, and the
+    per-document sums of ``scores``."""
     cols = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE, N_TOKENS]
     n = tokens = 0
     labels: Counter[str] = Counter()
     best: pa.Table | None = None  # at most top_n rows at any time
-    for b in _batches(fs, root, "sentences", cols):
+    for b in tables.batches("sentences", cols, rows=READ_BATCH_ROWS):
         n += b.num_rows
+        scores.add_sentences(b)
         tokens += int(pc.sum(b.column(N_TOKENS)).as_py() or 0)
         labels.update(_value_counts(b.column(LABEL)))
         risky = pa.Table.from_batches([b]).filter(pc.equal(b.column(LABEL), risk_label))
@@ -256,11 +271,13 @@ def _sentences(fs: pafs.FileSystem, root: str, risk_label: str, top_n: int) -> d
     return {"sentences": n, "tokens": tokens, "label_counts": labels, "top_risk": top}
 
 
-def _errors(fs: pafs.FileSystem, root: str) -> dict[str, Any]:
+def _errors(tables: RunTables) -> dict[str, Any]:
     n = 0
     by_type: Counter[tuple[str, str]] = Counter()
     samples: list[dict[str, str]] = []
-    for b in _batches(fs, root, "errors", [DOC_ID, "stage", "error_type", "message"]):
+    for b in tables.batches(
+        "errors", [DOC_ID, "stage", "error_type", "message"], rows=READ_BATCH_ROWS
+    ):
         n += b.num_rows
         if b.num_rows == 0:
             continue
@@ -346,13 +363,23 @@ def _trend(history: list[dict], current: dict[str, Any]) -> list[dict[str, Any]]
                 f"history[{i}] lacks {absent}: the trend is built from dicts returned by "
                 "write_report (or read from earlier nights' report.json)"
             )
+        corpus = h.get("corpus")
         points.append(
             {
                 "date": str(h["date"]),
                 "run_id": h.get("run_id"),
                 "ran": bool(h["ran"]),
+                "documents": int(h["counts"].get("documents", 0)),
                 "sentences": int(h["counts"].get("sentences", 0)),
                 "shares": dict(h["label_shares"]),
+                # the whole corpus after the night (latest/), when the audit recorded it
+                "corpus": None
+                if not corpus
+                else {
+                    "documents": int(corpus["documents"]),
+                    "sentences": int(corpus["sentences"]),
+                    "shares": dict(corpus["label_shares"]),
+                },
             }
         )
     return points

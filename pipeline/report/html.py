@@ -8,13 +8,23 @@ URLs), because reports are mailed, archived and opened on locked-down machines.
 
 from __future__ import annotations
 
-import html
 import io
 import math
 import re
 from typing import Any
 
 from docintel.pipeline.report.keys import AUDIT_COUNTS, SHARE_KEYS, SHARE_NAMES
+from docintel.pipeline.report.markup import esc as _e
+from docintel.pipeline.report.markup import num as _num
+from docintel.pipeline.report.markup import section as _section
+from docintel.pipeline.report.markup import table as _table
+from docintel.pipeline.report.markup import yes_no as _yes_no
+from docintel.pipeline.report.sections import (
+    changes_section,
+    drilldown_section,
+    review_section,
+    watch_section,
+)
 
 # One colour per label/family, stable across charts and nights (matplotlib's tab10).
 PALETTE = (
@@ -89,27 +99,47 @@ def label_chart(report: dict[str, Any]) -> str:
         return _svg(fig)
 
 
+def _trend_labels(report: dict[str, Any]) -> list[str]:
+    labels = list(report["labels"])
+    for p in report["trend"]:
+        shares = [p["shares"], *([p["corpus"]["shares"]] if p.get("corpus") else [])]
+        labels += [lb for sh in shares for lb in sh if lb not in labels]
+    return labels
+
+
+def _corpus_shares(p: dict[str, Any]) -> dict[str, float | None]:
+    return p["corpus"]["shares"] if p.get("corpus") else {}
+
+
 def trend_chart(report: dict[str, Any]) -> str:
+    """Two panels, one line per label: the whole corpus after each night (latest/), and
+    what was processed that night."""
     import matplotlib as mpl
 
     points = report["trend"]
-    labels = list(report["labels"])
-    for p in points:
-        labels += [lb for lb in p["shares"] if lb not in labels]
+    labels = _trend_labels(report)
     xs = list(range(len(points)))
+    panels = (
+        ("Whole corpus after the night (latest version of every document)", _corpus_shares),
+        ("Processed that night (new and changed documents)", lambda p: p["shares"]),
+    )
     with mpl.rc_context(_SVG_RC):
-        fig = _figure(7, 3)
-        ax = fig.add_subplot()
-        for lb in labels:
-            ys = [100 * s if (s := p["shares"].get(lb)) is not None else math.nan for p in points]
-            ax.plot(xs, ys, marker="o", markersize=4, label=lb, color=_colour(labels, lb))
-        ax.set_xticks(xs, [p["date"] for p in points], rotation=45, ha="right")
-        ax.set_ylabel("share of sentences (%)")
-        ax.set_ylim(0, 100)
-        if len(xs) == 1:
-            ax.set_xlim(-1, 1)
+        fig = _figure(9, 3.2)
+        axes = fig.subplots(1, 2, sharey=True)
+        for ax, (title, shares_of) in zip(axes, panels, strict=True):
+            for lb in labels:
+                ys = [
+                    100 * s if (s := shares_of(p).get(lb)) is not None else math.nan for p in points
+                ]
+                ax.plot(xs, ys, marker="o", markersize=4, label=lb, color=_colour(labels, lb))
+            ax.set_title(title, fontsize=9, loc="left")
+            ax.set_xticks(xs, [p["date"] for p in points], rotation=45, ha="right")
+            ax.set_ylim(0, 100)
+            if len(xs) == 1:
+                ax.set_xlim(-1, 1)
+        axes[0].set_ylabel("share of sentences (%)")
         if labels:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+            axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         return _svg(fig)
 
 
@@ -147,43 +177,21 @@ th, td { border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertic
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.text { max-width: 640px; overflow-wrap: anywhere; }
 .cards { display: flex; flex-wrap: wrap; gap: .6rem; }
-.card { border: 1px solid #ddd; border-radius: 6px; padding: .5rem .9rem; min-width: 110px; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: .5rem .9rem; min-width: 80px; }
 .card b { display: block; font-size: 1.3rem; } .card span { color: #666; font-size: .8rem; }
 .chart svg { max-width: 100%; height: auto; }
+h3 { font-size: 1rem; margin: 1.2rem 0 .3rem; } h3 .sub { font-weight: normal; font-size: .85rem; }
+.rs { margin: .1rem 0; } .score { font-variant-numeric: tabular-nums; color: #a01010; }
+.more { color: #555; } tr.risk td { background: #fdecea; } tr.added td { background: #e9f7ec; }
+tr.removed td { background: #f4f4f4; color: #666; text-decoration: line-through; }
+.tag { font-size: .72rem; background: #2ca02c; color: #fff; border-radius: 3px;
+       padding: 0 .3rem; white-space: nowrap; }
+.doc { border-left: 4px solid transparent; padding-left: .6rem; }
+.doc:target { border-left-color: #f0a020; background: #fff4e5; }
+details { margin-top: 2rem; border-top: 1px solid #ddd; padding-top: .5rem; }
+summary { cursor: pointer; font-weight: 600; }
+.id { white-space: nowrap; }
 """
-
-
-def _e(value: object) -> str:
-    """Escape anything for HTML text or attribute context (sentence text is untrusted)."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def _num(value: float | None, fmt: str = ",") -> str:
-    return "—" if value is None else format(value, fmt)
-
-
-def _table(table_id: str, headers: list[str], rows: list[list[str]], num: set[int]) -> str:
-    """An HTML table; cells are already escaped, column indexes in ``num`` right-aligned.
-    No ``headers``: a key/value table without a header row."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="{"num" if j in num else "text"}">{c}</td>' for j, c in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f'<table id="{table_id}">{thead}<tbody>{body}</tbody></table>'
-
-
-def _yes_no(value: object) -> str | None:
-    return None if value is None else ("yes" if value else "no")
-
-
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{sid}"><h2>{_e(title)}</h2>{body}</section>'
 
 
 def _summary(r: dict[str, Any]) -> str:
@@ -192,7 +200,6 @@ def _summary(r: dict[str, Any]) -> str:
         ("documents", c["documents"]),
         ("sentences", c["sentences"]),
         ("errors", c["errors"]),
-        ("tokens", c["tokens"]),
         *((k, r.get(k)) for k in AUDIT_COUNTS),
         # documents re-run although unchanged (the models changed), when the audit says
         *((k, r[k]) for k in ("reprocessed",) if k in r),
@@ -218,7 +225,6 @@ def _summary(r: dict[str, Any]) -> str:
         ("models changed", _yes_no(r.get("models_changed"))),
     ]
     rows = [[_e(k), _e(v)] for k, v in details if v is not None]
-    rows += [[_e(f"model: {s}"), _e(v)] for s, v in (r.get("models") or {}).items()]
     body += _table("summary-table", [], rows, set())
     if r["partial"]:
         files = ", ".join(_e(f.get("uri", f)) for f in r["skipped_files"])
@@ -249,6 +255,40 @@ def _labels_section(r: dict[str, Any]) -> str:
     return _section("labels", "Label distribution", body)
 
 
+def _delta(now: float | None, before: float | None, fmt: str, unit: str = "") -> str:
+    """``now`` with its change since ``before`` (night over night), e.g. ``31.2% (+0.4 pp)``."""
+    if now is None:
+        return "—"
+    text = format(now, fmt)
+    if before is None:
+        return text
+    return f"{text} ({format(now - before, '+' + fmt)}{unit})"
+
+
+def _trend_rows(points: list[dict[str, Any]], labels: list[str], corpus: bool) -> list[list[str]]:
+    rows, prev = [], None
+    for p in points:
+        cur = p.get("corpus") if corpus else p
+        if cur is None:
+            rows.append([_e(p["date"]), *(["—"] * (2 + len(labels)))])
+            prev = None
+            continue
+        docs = [_delta(cur["documents"], prev and prev["documents"], ",")]
+        sents = [_delta(cur["sentences"], prev and prev["sentences"], ",")]
+        shares = [
+            _delta(
+                None if (v := cur["shares"].get(lb)) is None else 100 * v,
+                None if not prev or prev["shares"].get(lb) is None else 100 * prev["shares"][lb],
+                ".1f",
+                " pp",
+            )
+            for lb in labels
+        ]
+        rows.append([_e(p["date"]), *docs, *sents, *shares])
+        prev = cur
+    return rows
+
+
 def _trend_section(r: dict[str, Any]) -> str:
     points = r["trend"]
     note = ""
@@ -256,27 +296,24 @@ def _trend_section(r: dict[str, Any]) -> str:
         note = '<p class="note" id="trend-note">Only one audit so far: the trend starts here.</p>'
     elif not any(p["sentences"] for p in points):
         note = '<p class="note" id="trend-note">No sentences in any of these audits.</p>'
-    labels = list(r["labels"])
-    for p in points:
-        labels += [lb for lb in p["shares"] if lb not in labels]
-    rows = [
-        [_e(p["date"]), _num(p["sentences"])] + [_num(p["shares"].get(lb), ".1%") for lb in labels]
-        for p in points
-    ]
+    labels = _trend_labels(r)
+    cols = ["date", "documents", "sentences", *(f"{lb} %" for lb in labels)]
+    nums = set(range(1, len(cols)))
     body = (
         note
         + f'<div id="trend-chart" class="chart">{trend_chart(r)}</div>'
-        + _table(
-            "trend-table",
-            ["date", "sentences", *labels],
-            rows,
-            set(range(1, len(labels) + 2)),
-        )
+        + "<h3>Whole corpus after each night</h3><p>The latest version of every current "
+        "document (the <code>latest/</code> view), in brackets the change since the night "
+        "before.</p>"
+        + _table("corpus-trend-table", cols, _trend_rows(points, labels, True), nums)
+        + "<h3>Processed each night</h3><p>Only the new and changed documents of that night "
+        "(all documents on a night whose models changed).</p>"
+        + _table("trend-table", cols, _trend_rows(points, labels, False), nums)
     )
     title = (
-        f"Label shares over the last {len(points)} audits"
+        f"Corpus trend and tonight, over the last {len(points)} audits"
         if len(points) > 1
-        else "Label shares (one audit so far)"
+        else "Corpus trend and tonight (one audit so far)"
     )
     return _section("trend", title, body)
 
@@ -288,7 +325,7 @@ def _risk_section(r: dict[str, Any]) -> str:
             _e(s["doc_id"]),
             _num(s["sent_index"]),
             _e(s["text"]),
-            _num(s["score"], ".3f"),
+            _num(s["score"], ".4f"),
         ]
         for i, s in enumerate(r["top_risk"])
     ]
@@ -370,17 +407,34 @@ def _errors_section(r: dict[str, Any]) -> str:
     return _section("errors", "Errors", body)
 
 
+def _engineering(r: dict[str, Any]) -> str:
+    """Backends, throughput, tokens and model versions: collapsed, at the end."""
+    rows = [["tokens", _num(r["counts"].get("tokens"))]]
+    rows += [[_e(f"model: {s}"), _e(v)] for s, v in (r.get("models") or {}).items()]
+    return (
+        '<details id="engineering"><summary>Engineering detail: backends, throughput, '
+        "tokens, models</summary>"
+        + _table("engineering-table", [], rows, {1})
+        + _backend_section(r)
+        + _throughput_section(r)
+        + "</details>"
+    )
+
+
 def render_html(report: dict[str, Any]) -> str:
     """One self-contained page: inline CSS and SVG, no scripts, no external resources."""
     title = f"docintel audit {report.get('date', '')}"
     sections = [
         _summary(report),
-        _labels_section(report),
-        _trend_section(report),
+        changes_section(report),  # short and bounded: what is new tonight, at a glance
+        review_section(report),
+        watch_section(report),  # [audit] watch hits, when the audit recorded them
         _risk_section(report),
-        _backend_section(report),
-        _throughput_section(report),
+        _trend_section(report),
+        _labels_section(report),
+        drilldown_section(report),
         _errors_section(report),
+        _engineering(report),
     ]
     return (
         "<!DOCTYPE html>\n"

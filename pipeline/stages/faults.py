@@ -13,6 +13,10 @@ about faults. With ``[faults]`` empty (production) the stage is returned unwrapp
   call and returns placeholder results with the real stage's columns and types (the
   stage's registry entry says which), so a simulated cluster of many stand-in GPU nodes
   measures the driver and the dispatcher, not this machine's cores (bench/scaleout.py).
+
+One setting is not a stage's: ``sink_commit_lost`` (a table commit that raises after it
+landed, a lost answer from the catalog) is applied by the Iceberg sink itself
+(pipeline/sink_iceberg.py), where the commit happens.
 """
 
 from __future__ import annotations

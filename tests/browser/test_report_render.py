@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -26,7 +27,7 @@ from tests.unit.test_report import RISK, SCRIPT_TEXT, audit_dict, make_run
 pytestmark = pytest.mark.browser
 
 CHROMIUM_TIMEOUT_S = 120  # a cold start on a loaded 2-core machine takes a few seconds
-WINDOW = (1280, 2400)
+WINDOW = (1280, 4000)  # tall enough to reach the label chart below the review
 INSTALL_HINT = (
     "headless Chromium is needed for the browser tests (tests/browser) but `chromium` is "
     "not on PATH; install it with `sudo apt-get update && sudo apt-get install -y "
@@ -214,3 +215,73 @@ def test_screenshot_is_not_blank(chromium: str, report_page: Path, tmp_path: Pat
     # the label chart's first bar (matplotlib's tab:blue, #1f77b4) was painted
     blue = np.abs(img - np.array([0x1F, 0x77, 0xB4]) / 255).max(axis=2) < 0.03
     assert blue.sum() > 2_000, f"{blue.sum()} chart-blue pixels"
+
+
+# --- the review table, the change lists and the drill-down links, as a reader uses them --
+
+
+@pytest.fixture(scope="module")
+def night_page(tmp_path_factory: pytest.TempPathFactory, headlines: list[str]) -> Path:
+    """One audit night whose changed document d000 gained the <script> sentence."""
+    from tests.unit.test_report_review import changes_for
+
+    root = tmp_path_factory.mktemp("night") / "run_date=2026-03-01"
+    make_run(root, headlines, n_docs=30, n_parts=3)
+    audit = {**audit_dict("2026-03-01"), "changes": changes_for(root)}
+    write_report(pafs.LocalFileSystem(), str(root), audit, [], RISK, 8)
+    return root / "report.html"
+
+
+def test_review_table_and_change_lists_render(
+    chromium: str, night_page: Path, tmp_path: Path
+) -> None:
+    import json
+
+    rep = json.loads((night_page.parent / "report.json").read_text())
+    dom = parse_dom(run_chromium(chromium, tmp_path, night_page, "--dump-dom"))
+    assert dom.find("script") == []
+    rows = body_rows(dom.by_id("review-table"))
+    assert [r[1] for r in rows] == [d["doc_id"] for d in rep["review"][:8]]
+    assert [r[3] for r in rows] == [f"{d['risk_score']:.3f}" for d in rep["review"][:8]]
+    links = [a.attrs["href"] for a in dom.by_id("review-table").find("a")]
+    assert links == [f"#doc-{k}" for k in range(1, 9)]
+    for k in range(1, 9):  # every link has its drill-down section, with every sentence
+        doc = dom.by_id(f"doc-{k}")
+        assert len(body_rows(doc.find("table")[0])) == len(rep["drilldown"][k - 1]["sentences"])
+    removed = dom.by_id("changes-removed").content()
+    assert "gone-000" in removed and "and 10 more" in removed
+    diff = body_rows(dom.by_id("diff-0"))
+    assert [(r[0], r[3]) for r in diff] == [
+        ("added", SCRIPT_TEXT), ("removed", "Old <b>sentence</b>."),
+    ]  # fmt: skip
+
+
+def test_drilldown_link_navigates_when_clicked(
+    chromium: str, night_page: Path, tmp_path: Path
+) -> None:
+    from tests.browser.cdp import Browser
+
+    browser = Browser(chromium, tmp_path / "profile", CHROMIUM_TIMEOUT_S)
+    try:
+        browser.load(night_page.as_uri())
+        title = browser.evaluate("document.title")
+        box = browser.evaluate(
+            "(() => { const a = document.querySelectorAll('#review-table a.doc-link')[2];"
+            " a.scrollIntoView({block: 'center'}); const r = a.getBoundingClientRect();"
+            " return [r.x + r.width / 2, r.y + r.height / 2, a.getAttribute('href')]; })()"
+        )
+        browser.click(box[0], box[1])
+        deadline = time.monotonic() + 10
+        while browser.evaluate("location.hash") != box[2] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert browser.evaluate("location.hash") == box[2] == "#doc-3"
+        top = browser.evaluate("document.querySelector('#doc-3').getBoundingClientRect().top")
+        assert abs(top) < 5  # scrolled to the drill-down section
+        style = "getComputedStyle(document.querySelector(':target')).backgroundColor"
+        assert browser.evaluate(style) == "rgb(255, 244, 229)"  # highlighted as the target
+        # the document text with <script> stayed text: nothing ran, nothing was parsed
+        assert browser.evaluate("document.scripts.length") == 0
+        assert browser.evaluate("document.title") == title
+        assert SCRIPT_TEXT in browser.evaluate("document.body.innerText")
+    finally:
+        browser.close()

@@ -147,7 +147,9 @@ def test_each_night_processes_only_new_and_changed_documents(nights: Nights) -> 
     assert (s3_.new, s3_.changed, s3_.removed, s3_.unchanged) == (0, 0, 0, 24)
     assert not s3_.ran and s3_.documents == 0 and s3_.run_id is None
     p3 = n.out / f"run_date={D3}"
-    assert sorted(x.name for x in p3.iterdir()) == ["report.html", "report.json"]
+    assert sorted(x.name for x in p3.iterdir()) == [
+        "changes.csv", "report.html", "report.json", "review.csv",
+    ]  # fmt: skip
 
     state = json.loads((n.out / "_audit" / "state.json").read_text())
     assert [x["date"] for x in state["audits"]] == [D1, D2, D3]
@@ -187,7 +189,7 @@ def test_report_counts_equal_the_tables(nights: Nights) -> None:
         assert report["counts"]["sentences"] == sents == s.sentences
         assert report["counts"]["errors"] == errs == s.errors
         assert (part / "report.html").read_text().startswith("<!DOCTYPE html>")
-        assert s.report == str(part / "report.json")
+        assert s.report == str(part / "report.html")  # what people open
     report3 = json.loads((nights.out / f"run_date={D3}" / "report.json").read_text())
     assert [p["date"] for p in report3["trend"]] == [D1, D2, D3]  # history from the partitions
     assert report3["counts"] == {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0}
@@ -229,7 +231,7 @@ def test_rerunning_a_completed_date_changes_nothing(nights: Nights, headlines: l
     assert again.report == nights.s2.report
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())  # rich wraps at the terminal width
-    assert "is already complete: nothing to do" in said and "report.json" in said
+    assert "is already complete: nothing to do" in said and "report.html" in said
     assert _snapshot(nights.out) == before
 
 
@@ -321,6 +323,11 @@ def test_model_change_reprocesses_every_document(nights: Nights, tmp_path: Path)
     assert state["models"]["classify"] == s.models["classify"]
     report = json.loads((out / "run_date=2026-01-04" / "report.json").read_text())
     assert report["models_changed"] is True and report["counts"]["documents"] == 24
+    assert report["changes"]["reprocessed"] == 24
+    # latest/ now holds only the new versions: the older nights' parts are gone
+    latest = pd.read_parquet(out / "latest" / "documents")
+    assert sorted(latest.doc_id) == current
+    assert set(latest.run_date.astype(str)) == {"2026-01-04"}
 
 
 def test_a_night_that_failed_is_finished_by_the_next_one(
@@ -406,7 +413,7 @@ def test_audit_on_s3_works_as_locally(request: pytest.FixtureRequest, headlines:
     cfg = _cfg(**{"storage.s3_endpoint": endpoint})
     src, out = f"s3://{IN_BUCKET}/audit/", f"s3://{OUT_BUCKET}/audit"
     s1 = run_audit(cfg, src, out, D1, execute)
-    assert (s1.new, s1.documents) == (8, 8) and s1.report == f"{out}/run_date={D1}/report.json"
+    assert (s1.new, s1.documents) == (8, 8) and s1.report == f"{out}/run_date={D1}/report.html"
     keys = set(_keys(client, OUT_BUCKET, "audit/"))
     index = json.loads(
         client.get_object(Bucket=OUT_BUCKET, Key="audit/_audit/state.json")["Body"].read()

@@ -326,7 +326,7 @@ def test_trend_has_one_point_per_audit(tmp_path: Path, headlines: list[str]) -> 
     sents = pd.read_parquet(tmp_path / "run_date=2026-03-02" / "sentences")
     assert trend[1]["shares"]["Neutral"] == pytest.approx((sents.label == "Neutral").mean())
     page = (tmp_path / "run_date=2026-03-04" / "report.html").read_text()
-    assert "Label shares over the last 4 audits" in page
+    assert "over the last 4 audits" in page
     assert "Only one audit so far" not in page
 
 
@@ -336,8 +336,9 @@ def test_nothing_ran(tmp_path: Path) -> None:
     assert rep["counts"] == {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0}
     assert rep["top_risk"] == [] and rep["label_distribution"] == {}
     assert rep["trend"] == [
-        {"date": "2026-03-05", "run_id": None, "ran": False, "sentences": 0, "shares": {}}
-    ]
+        {"date": "2026-03-05", "run_id": None, "ran": False, "documents": 0, "sentences": 0,
+         "shares": {}, "corpus": None}
+    ]  # fmt: skip
     assert json.loads((root / "report.json").read_text()) == rep
     page = (root / "report.html").read_text()
     assert 'id="nothing-ran"' in page and "Nothing was processed this night" in page

@@ -1,0 +1,47 @@
+"""HTML building blocks of the report page, shared by html.py and sections.py: escaping
+(every value from a document is untrusted), numbers, tables and sections."""
+
+from __future__ import annotations
+
+import html
+
+
+def esc(value: object) -> str:
+    """Escape anything for HTML text or attribute context (sentence text is untrusted)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def num(value: float | None, fmt: str = ",") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def table(
+    table_id: str,
+    headers: list[str],
+    rows: list[list[str]],
+    nums: set[int],
+    row_classes: list[str] | None = None,
+) -> str:
+    """An HTML table; cells are already escaped, column indexes in ``nums`` right-aligned.
+    No ``headers``: a key/value table without a header row. ``row_classes``: a CSS class
+    per row (plain words)."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    classes = row_classes or [""] * len(rows)
+    body = "".join(
+        (f'<tr class="{esc(cls)}">' if cls else "<tr>")
+        + "".join(
+            f'<td class="{"num" if j in nums else "text"}">{c}</td>' for j, c in enumerate(row)
+        )
+        + "</tr>"
+        for row, cls in zip(rows, classes, strict=True)
+    )
+    return f'<table id="{table_id}">{thead}<tbody>{body}</tbody></table>'
+
+
+def yes_no(value: object) -> str | None:
+    return None if value is None else ("yes" if value else "no")
+
+
+def section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{esc(title)}</h2>{body}</section>'

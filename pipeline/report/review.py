@@ -1,0 +1,195 @@
+"""Documents to review first: the night's documents ranked by a document risk score.
+
+With R the risk label (``[audit] risk_label``), N a document's sentences and p a sentence's
+score (its label's probability, after calibration) when its label is R::
+
+    risk mass  M = sum of p over the sentences labelled R   (expected risk sentences)
+    risk score S = M * M / N                                 (0 when N is 0)
+
+S is the expected number of risk sentences weighted by the share of the document they
+make up (M / N): one risk sentence in a one-line document scores p squared, two strong
+risk sentences in three score about 1.1, five in a fifty-sentence digest 0.4. It does not
+saturate (it grows with the amount of risk text) and ties are rare (it sums probabilities).
+Ties are broken by M, then by id. The sentences table keeps only the winning label's
+probability, so sentences labelled otherwise add nothing.
+
+Memory: one pass over sentences/ (shared with aggregate.py) sums (N, risk count, M) per
+document into Arrow tables, one row per document; a second, filtered pass reads the
+sentences of the first :data:`REVIEW_JSON_MAX` ranked documents only.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from docintel.pipeline.tables import RunTables
+from docintel.pipeline.schema import DOC_ID, LABEL, SCORE, SENT_INDEX, TEXT
+
+REVIEW_CSV = "review.csv"
+CHANGES_CSV = "changes.csv"
+REVIEW_JSON_MAX = 1000  # ranked documents listed in report.json (review.csv has them all)
+REVIEW_SENTENCES = 3  # top risk sentences per reviewed document
+DRILL_SENTENCES = 200  # sentences shown per document in the drill-down
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+COMPACT_EVERY = 64  # per-batch partial sums merged after this many batches
+
+_AGG = [("n", "sum"), ("risk", "sum"), ("mass", "sum")]
+
+
+class DocScores:
+    """Per-document sentence count, risk count and risk mass, summed batch by batch."""
+
+    def __init__(self, risk_label: str) -> None:
+        self.risk_label = risk_label
+        self.parts: list[pa.Table] = []
+        self.docs: list[pa.Table] = []
+
+    def add_sentences(self, b: pa.RecordBatch) -> None:
+        risky = pc.fill_null(pc.equal(b.column(LABEL), self.risk_label), False)
+        t = pa.table(
+            {
+                DOC_ID: b.column(DOC_ID),
+                "n": pa.array([1] * b.num_rows, pa.int64()),
+                "risk": pc.cast(risky, pa.int64()),
+                "mass": pc.if_else(risky, pc.cast(b.column(SCORE), pa.float64()), 0.0),
+            }
+        )
+        self.parts.append(_sums(t))
+        if len(self.parts) >= COMPACT_EVERY:
+            self.parts = [_sums(pa.concat_tables(self.parts))]
+
+    def add_documents(self, b: pa.RecordBatch) -> None:
+        self.docs.append(pa.table({DOC_ID: b.column(DOC_ID), "doc_status": b.column("status")}))
+
+    def ranked(self, changes: dict[str, Any] | None) -> pa.Table:
+        """Every document of the night, best first: rank, doc_id, status (new / changed /
+        reprocessed; null without ``changes``), risk_score, risk_mass, risk_sentences,
+        sentences, doc_status (ok / error)."""
+        empty = pa.table({DOC_ID: pa.array([], pa.string()), "n": [], "risk": [], "mass": []})
+        sums = _sums(pa.concat_tables(self.parts)) if self.parts else empty
+        sums = sums.cast(
+            pa.schema([(DOC_ID, pa.string()), ("n", pa.int64()), ("risk", pa.int64()),
+                       ("mass", pa.float64())])
+        )  # fmt: skip
+        docs = pa.concat_tables(self.docs) if self.docs else _EMPTY_DOCS
+        j = docs.join(sums, keys=DOC_ID, join_type="left outer")
+        n = pc.fill_null(j["n"], 0)
+        mass = pc.fill_null(j["mass"], 0.0)
+        score = pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(mass, mass), n), 0.0)
+        t = pa.table(
+            {
+                DOC_ID: j[DOC_ID],
+                "status": _status(j[DOC_ID], changes),
+                "risk_score": score,
+                "risk_mass": mass,
+                "risk_sentences": pc.fill_null(j["risk"], 0),
+                "sentences": n,
+                "doc_status": j["doc_status"],
+            }
+        )
+        t = t.sort_by([("risk_score", "descending"), ("risk_mass", "descending"),
+                       (DOC_ID, "ascending")])  # fmt: skip
+        return t.add_column(0, "rank", pa.array(range(1, t.num_rows + 1), pa.int64()))
+
+
+_EMPTY_DOCS = pa.table({DOC_ID: pa.array([], pa.string()), "doc_status": pa.array([], pa.string())})
+
+
+def _sums(t: pa.Table) -> pa.Table:
+    out = t.group_by(DOC_ID).aggregate(_AGG)
+    out = out.rename_columns([c.removesuffix("_sum") for c in out.column_names])
+    return out.select([DOC_ID, "n", "risk", "mass"])
+
+
+def _status(ids: pa.ChunkedArray, changes: dict[str, Any] | None) -> pa.Array:
+    if changes is None:
+        return pa.nulls(len(ids), pa.string())
+    changed = pa.array([c["doc_id"] for c in changes.get("changed", [])], pa.string())
+    new = pa.array(changes.get("new", []), pa.string())
+    return pc.if_else(
+        pc.is_in(ids, value_set=changed),
+        "changed",
+        pc.if_else(pc.is_in(ids, value_set=new), "new", "reprocessed"),
+    )
+
+
+def _sentences_of(tables: RunTables, ids: list[str]) -> dict[str, list[dict]]:
+    """The sentences of ``ids`` in the run, by document, in order (one filtered scan)."""
+    table = tables.read("sentences", [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE], ids)
+    if table is None:
+        return {}
+    table = table.sort_by([(DOC_ID, "ascending"), (SENT_INDEX, "ascending")])
+    out: dict[str, list[dict]] = {}
+    for r in table.to_pylist():
+        r[SCORE] = round(float(r[SCORE]), 6)
+        out.setdefault(r.pop(DOC_ID), []).append(r)
+    return out
+
+
+def review_sections(
+    tables: RunTables, ranked: pa.Table, risk_label: str, top_n: int
+) -> dict[str, Any]:
+    """The report's ``review`` (the first :data:`REVIEW_JSON_MAX` ranked documents with
+    their top risk sentences), ``review_total`` and ``drilldown`` (every sentence of the
+    first ``top_n`` documents, at most :data:`DRILL_SENTENCES` each)."""
+    head = ranked.slice(0, REVIEW_JSON_MAX).to_pylist()
+    sents = _sentences_of(tables, [r[DOC_ID] for r in head])
+    review, drill = [], []
+    for r in head:
+        mine = sents.get(r[DOC_ID], [])
+        risky = [s for s in mine if s[LABEL] == risk_label]
+        risky.sort(key=lambda s: (-s[SCORE], s[SENT_INDEX]))
+        review.append(
+            {
+                "rank": r["rank"],
+                "doc_id": r[DOC_ID],
+                "status": r["status"],
+                "risk_score": round(r["risk_score"], 6),
+                "risk_mass": round(r["risk_mass"], 6),
+                "risk_sentences": r["risk_sentences"],
+                "n_sentences": r["sentences"],
+                "doc_status": r["doc_status"],
+                "sentences": risky[:REVIEW_SENTENCES],
+            }
+        )
+        if r["rank"] <= top_n:
+            drill.append({"doc_id": r[DOC_ID], "rank": r["rank"],
+                          "sentences": mine[:DRILL_SENTENCES],
+                          "more": max(0, len(mine) - DRILL_SENTENCES)})  # fmt: skip
+    return {"review": review, "review_total": ranked.num_rows, "drilldown": drill}
+
+
+def review_csv(ranked: pa.Table, review: list[dict[str, Any]]) -> bytes:
+    """review.csv: every ranked document; the top risk sentence where report.json has it."""
+    top = {r["doc_id"]: _cell(r["sentences"][0]["text"]) for r in review if r["sentences"]}
+    text = pa.array([top.get(d) for d in ranked[DOC_ID].to_pylist()], pa.string())
+    return _csv(ranked.drop_columns(["doc_status"]).append_column("top_risk_sentence", text))
+
+
+def changes_csv(changes: dict[str, Any]) -> bytes:
+    """changes.csv: doc_id, change (new / changed / removed), every document of the night."""
+    rows = [(d, "new") for d in changes.get("new", [])]
+    rows += [(c["doc_id"], "changed") for c in changes.get("changed", [])]
+    rows += [(d, "removed") for d in changes.get("removed", [])]
+    table = pa.table(
+        {DOC_ID: pa.array([r[0] for r in rows], pa.string()),
+         "change": pa.array([r[1] for r in rows], pa.string())}
+    )  # fmt: skip
+    return _csv(table)
+
+
+def _cell(text: str) -> str:
+    """Document text as a spreadsheet shows it, never as a formula (CSV injection): a cell
+    starting with = + - @ or a tab gets a leading apostrophe."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def _csv(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pacsv.write_csv(table, buf)
+    return buf.getvalue()
