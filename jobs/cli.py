@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from docintel.jobs import cli_audit, cli_jobs, cli_models, cli_run
+from docintel.jobs import cli_audit, cli_jobs, cli_models, cli_run, cli_search
 from docintel.jobs.ui import command
 
 app = typer.Typer(
@@ -57,6 +57,8 @@ for _fn in (
     cli_models.quantize,
     cli_run.ingest,
     cli_audit.audit,
+    cli_search.search,
+    cli_search.index,
     cli_jobs.submit,
     cli_jobs.status,
     cli_jobs.logs,

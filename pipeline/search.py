@@ -1,0 +1,302 @@
+"""`docintel search`: the sentences of a committed run nearest to a query, by cosine.
+
+The query is embedded by the embed stage's own code (:class:`~docintel.pipeline.stages.
+embed.Embedder`: the same tokenizer, truncation, runtime, mean pooling and L2
+normalisation as every sentence of the run), with the encoder the config names, and only
+if its version is the one the run's manifest recorded (else ModelError, exit 2, naming
+both). A query longer than the encoder's ``max_length`` tokens is truncated and flagged,
+as a sentence is.
+
+Two ways to find the hits, the same answer up to the index's recall:
+
+* **exact** (:func:`exact_search`): the sentences table streamed in record batches
+  (:meth:`SentencesSource.batches`), each batch's cosines against every query, and a
+  running top-K per query (argpartition of the batch, merged with the best so far). Memory
+  is one record batch plus K rows per query, never the embedding matrix.
+* **indexed** (docintel.pipeline.ann_index): the Lance IVF-PQ index `docintel index`
+  built, when it exists and was built from the output as it is now; otherwise exact, and
+  :class:`SearchResult` says why (``note``).
+
+Either way the similarity reported is the exact cosine of the stored embedding with the
+query vector (the index only chooses the candidates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from docintel.pipeline import ann_index
+from docintel.pipeline.artefacts import FP32_MODEL_FILE
+from docintel.pipeline.config import Config, EmbedConfig, load_config
+from docintel.pipeline.errors import InputError, ModelError, UsageError
+from docintel.pipeline.schema import EMBEDDING
+from docintel.pipeline.search_source import (
+    HIT_COLUMNS,
+    READ_BATCH_ROWS,
+    Filters,
+    SentencesSource,
+    cosine,
+    embedding_matrix,
+    to_hits,
+    unit_rows,
+)
+from docintel.pipeline.versions import fingerprint
+
+# --top is bounded: each query keeps its top rows (text included) in memory while the
+# table streams, and prints them; 1,000 rows per query is a page of results, not a dump.
+MAX_TOP = 1000
+# --queries FILE: at most this many queries per invocation (each one's top-K is held at
+# once, and the scan computes one column of cosines per query).
+MAX_QUERIES = 1000
+
+
+# --- the query encoder ---------------------------------------------------------------------
+
+
+def recorded_encoder(manifest: dict[str, Any]) -> str | None:
+    """The encoder version the run recorded: the driver's fingerprint of the model folder
+    (``plan.models.embed``), else what the replicas reported, less its runtime suffix."""
+    from docintel.pipeline.stages.embed import Embedder
+
+    plan_models = (manifest.get("plan") or {}).get("models") or {}
+    if plan_models.get(Embedder.name):
+        return str(plan_models[Embedder.name])
+    reported = (manifest.get("models") or {}).get(Embedder.name)
+    return str(reported).split("+", 1)[0] if reported else None
+
+
+class QueryEncoder:
+    """The run's encoder, loaded as the embed stage loads it, for queries."""
+
+    def __init__(self, cfg: EmbedConfig) -> None:
+        self.cfg = cfg
+        self.path = cfg.resolved_model_path()
+        self._stage: Any = None
+
+    @property
+    def version(self) -> str:
+        return fingerprint(self.path)
+
+    def check(self, manifest: dict[str, Any], where: str) -> str:
+        """The installed encoder's version; ModelError unless the run recorded it."""
+        recorded = recorded_encoder(manifest)
+        if recorded is None:
+            raise ModelError(
+                f"{where}: its manifest records no encoder version (no embed stage ran), "
+                "so a query cannot be embedded as its sentences were"
+            )
+        installed = self.version
+        if installed != recorded:
+            raise ModelError(
+                f"{where} was embedded with encoder {recorded}, but the installed encoder "
+                f"({self.path}) is {installed}: their vectors are not comparable. Search "
+                "with the config the run used (--config, [embed] model_path), or rerun "
+                "the corpus with this encoder"
+            )
+        return installed
+
+    def _load(self) -> Any:
+        from docintel.pipeline.stages.embed import Embedder
+
+        if self._stage is None:
+            # the run's CPU path (the fused fp32 ONNX graph, exact to PyTorch) when it is
+            # built from this very encoder; else the encoder folder on PyTorch
+            onnx = self.cfg.resolved_int8_dir() / FP32_MODEL_FILE
+            stage = None
+            if self.cfg.cpu_runtime == "onnx" and onnx.is_file():
+                stage = Embedder(self.cfg, runtime="onnx-fp32", path=onnx)
+                stage.setup()
+                if not stage.version.startswith(f"{self.version}+"):
+                    stage.teardown()
+                    stage = None
+            if stage is None:
+                stage = Embedder(self.cfg, runtime="torch")
+                stage.setup()
+            self._stage = stage
+        return self._stage
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(unit vectors float32 [n, dim], truncated flags) exactly as the embed stage
+        computes a sentence's (its front end's chunked encode, its truncation)."""
+        from docintel.pipeline.stages.embed import ENCODE_CHUNK
+
+        stage = self._load()
+        vectors, _, truncated = stage.frontend.encode_chunked(texts, stage.encode, ENCODE_CHUNK)
+        return vectors, truncated
+
+    @property
+    def max_length(self) -> int:
+        stage = self._load()
+        return int(stage.frontend.max_length)
+
+    def close(self) -> None:
+        if self._stage is not None:
+            self._stage.teardown()
+            self._stage = None
+
+
+# --- exact search ----------------------------------------------------------------------------
+
+
+@dataclass
+class TopK:
+    """One query's best ``k`` rows so far (similarities and the hit columns)."""
+
+    k: int
+    sims: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    rows: pa.Table | None = None
+
+    def offer(self, sims: np.ndarray, batch: pa.RecordBatch) -> None:
+        """Keep the best of what is held and ``batch``'s rows (similarities ``sims``)."""
+        idx = np.arange(len(sims))
+        if len(self.sims) >= self.k:  # only rows that beat the worst kept one can enter
+            idx = idx[sims > self.sims.min()]
+        if len(idx) > self.k:
+            idx = idx[np.argpartition(-sims[idx], self.k - 1)[: self.k]]
+        if not len(idx):
+            return
+        taken = pa.Table.from_batches([batch.take(pa.array(idx))])
+        both = taken if self.rows is None else pa.concat_tables([self.rows, taken])
+        sims_all = np.concatenate([self.sims, sims[idx]])
+        if len(sims_all) > self.k:
+            keep = np.argpartition(-sims_all, self.k - 1)[: self.k]
+            both, sims_all = both.take(pa.array(keep)), sims_all[keep]
+        self.rows, self.sims = both, sims_all
+
+    def hits(self) -> list[dict[str, Any]]:
+        return [] if self.rows is None else to_hits(self.rows, self.sims)
+
+
+def exact_search(
+    source: SentencesSource,
+    vectors: np.ndarray,
+    top: int,
+    filters: Filters,
+    batch_rows: int = READ_BATCH_ROWS,
+) -> list[list[dict[str, Any]]]:
+    """Each query's ``top`` hits by exact cosine over the sentences table, streamed in
+    record batches of at most ``batch_rows``."""
+    queries = unit_rows(np.asarray(vectors, np.float32))
+    best = [TopK(top) for _ in range(len(queries))]
+    for read in source.batches([*HIT_COLUMNS, EMBEDDING], batch_rows):
+        mask = filters.mask(read)
+        batch = read if mask is None else read.filter(mask)
+        if batch[EMBEDDING].null_count:
+            batch = batch.filter(batch[EMBEDDING].is_valid())
+        if not batch.num_rows:
+            continue
+        sims = cosine(embedding_matrix(batch[EMBEDDING]), queries)
+        rows = batch.select(list(HIT_COLUMNS))
+        for j, t in enumerate(best):
+            t.offer(sims[:, j], rows)
+    return [t.hits() for t in best]
+
+
+# --- search: checks, encoder, index or exact -------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    queries: list[str]
+    hits: list[list[dict[str, Any]]]  # per query, best first (keys HIT_KEYS)
+    truncated: list[bool]  # per query: longer than the encoder's limit, truncated
+    used_index: bool  # the hits came from the index
+    note: str  # which path answered, and why (for stderr)
+    max_length: int = 0  # the encoder's token limit
+
+
+def check_queries(queries: list[str], top: int) -> list[str]:
+    """The queries, refused (UsageError, exit 2) when empty, too many or ``top`` is out of
+    bounds."""
+    if not queries:
+        raise UsageError("no query given: pass QUERY or --queries FILE (one query per line)")
+    for i, q in enumerate(queries, 1):
+        if not q.strip():
+            raise UsageError(f"query {i} is empty: give the text to search for")
+    if len(queries) > MAX_QUERIES:
+        raise UsageError(f"{len(queries):,} queries: at most {MAX_QUERIES:,} per invocation")
+    if not 1 <= top <= MAX_TOP:
+        raise UsageError(f"--top {top}: give 1 to {MAX_TOP:,} (hits per query)")
+    return queries
+
+
+def read_queries(path: Path) -> list[str]:
+    """One query per line of ``path``; blank lines are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--queries {path}: cannot be read as UTF-8 text ({e})") from e
+    queries = [line.strip() for line in lines if line.strip()]
+    if not queries:
+        raise InputError(f"--queries {path} holds no query (one per line)")
+    return queries
+
+
+def check_label(source: SentencesSource, label: str | None) -> None:
+    labels = source.manifest.get("labels") or []
+    if label is not None and labels and label not in labels:
+        raise UsageError(f"--label {label!r}: the run's classifier has labels {', '.join(labels)}")
+
+
+def search(
+    output_uri: str,
+    queries: list[str],
+    top: int = 10,
+    filters: Filters | None = None,
+    cfg: Config | None = None,
+    *,
+    exact: bool = False,
+    encoder: QueryEncoder | None = None,
+) -> SearchResult:
+    """Each query's ``top`` hits in the committed run at ``output_uri`` (see the module
+    docstring); ``exact`` skips the index."""
+    cfg = cfg or load_config()
+    filters = filters or Filters()
+    check_queries(queries, top)
+    source = SentencesSource.open(output_uri, cfg.storage, cfg)
+    dim = source.require_embeddings()
+    check_label(source, filters.label)
+    encoder = encoder or QueryEncoder(cfg.embed)
+    encoder.check(source.manifest, source.uri)
+    vectors, truncated = encoder.encode(queries)
+    if dim and vectors.shape[1] != dim:
+        raise ModelError(f"the encoder makes {vectors.shape[1]}-d vectors, {source.uri} {dim}-d")
+    index, note = (None, "exact scan (--exact)") if exact else ann_index.find(source)
+    if index is not None and filters.doc_ids is None:
+        hits = ann_index.query(index, vectors, top, filters)
+        used = True
+    else:
+        hits, used = exact_search(source, vectors, top, filters), False
+    return SearchResult(queries, hits, list(map(bool, truncated)), used, note, encoder.max_length)
+
+
+def watch_hits(
+    output: str | SentencesSource,
+    queries: list[str],
+    doc_ids: set[str] | None,
+    top: int,
+    cfg: Config | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """For the nightly report: each saved query's ``top`` hits (keys HIT_KEYS) among the
+    sentences of ``doc_ids`` (None: every document of the output), by an exact scan (a
+    night's output is small, and a doc id set is no index filter). ModelError when the
+    installed encoder is not the run's."""
+    if not queries:
+        return {}
+    cfg = cfg or load_config()
+    source = output if isinstance(output, SentencesSource) else None
+    source = source or SentencesSource.open(str(output), cfg.storage, cfg)
+    check_queries(queries, top)
+    if not source.require_embeddings():
+        return {q: [] for q in queries}
+    encoder = QueryEncoder(cfg.embed)
+    encoder.check(source.manifest, source.uri)
+    vectors, _ = encoder.encode(queries)
+    wanted = Filters(doc_ids=frozenset(doc_ids) if doc_ids is not None else None)
+    hits = exact_search(source, vectors, top, wanted)
+    return dict(zip(queries, hits, strict=True))
