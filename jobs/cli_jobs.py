@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ray.job_submission import JobDetails, JobSubmissionClient
 
-    from docintel.jobs.submit import JobRequest, StagedDir
+    from docintel.jobs.submit import Failure, JobRequest, StagedDir
 
 AddressOpt = Annotated[
     str | None,
@@ -42,6 +42,14 @@ AddressOpt = Annotated[
 ]
 JobIdArg = Annotated[
     str, typer.Argument(help="Job id printed by `docintel submit` (raysubmit_...).")
+]
+StatusJobIdArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="Job id printed by `docintel submit` (raysubmit_...). Default: list the "
+        "cluster's recent jobs.",
+        show_default=False,
+    ),
 ]
 
 
@@ -61,7 +69,10 @@ JobOutputOpt = Annotated[
 ]
 JobRunIdOpt = Annotated[
     str | None,
-    typer.Option(help="Run id; resubmit with the same id to resume an interrupted run."),
+    typer.Option(
+        help="Run id; resubmit with the same id to resume an interrupted run. Default: "
+        "\\[run] run_id, else a new id."
+    ),
 ]
 WaitOpt = Annotated[
     bool,
@@ -132,7 +143,7 @@ def submit(
 
       docintel submit --address http://head:8265 --config job.toml
 
-      docintel submit -c job.toml --output s3://results/run-0412 --run-id run-0412 --no-wait
+      docintel submit -c job.toml --output s3://results/r1 --run-id r1 --no-wait
 
       docintel submit -c job.toml --working-dir . --input s3://corpus/2026/
 
@@ -214,11 +225,11 @@ def _follow_to_end(client: JobSubmissionClient, job_id: str) -> None:
         raise typer.Exit(ExitCode.INTERRUPTED) from None
     except DocintelError as e:
         fail(e)
-    _report_end(info)
+    _report_end(client, info)
     raise typer.Exit(jobs.exit_code(info))
 
 
-def _report_end(info: JobDetails) -> None:
+def _report_end(client: JobSubmissionClient, info: JobDetails) -> None:
     from docintel.jobs import submit as jobs
 
     job = escape(safe(info.submission_id or info.job_id))
@@ -227,28 +238,48 @@ def _report_end(info: JobDetails) -> None:
         console.print(f"[bold green]job {job} SUCCEEDED[/]", highlight=False)
         return
     code = jobs.exit_code(info)
+    why = jobs.failure(client, info)
     console.print(
         f"[bold red]docintel: job {job} {status}[/] (exit code {code}): "
-        f"{escape(safe(jobs.failure_reason(info), multiline=True))}",
+        f"{escape(safe(why.reason, multiline=True))}",
         highlight=False,
     )
+    _print_failure(why)
 
 
-def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
-    """Show a submitted job's state, entrypoint, start/end times and message.
+def _print_failure(why: Failure) -> None:
+    """A failed job's last log lines and, for a known cause, what to do (log text is
+    data: no markup, control characters made visible)."""
+    if why.last_lines:
+        console.print("last lines of the job's log:", highlight=False, markup=False)
+        for line in why.last_lines:
+            console.print(f"  {safe(line)}", highlight=False, markup=False)
+    if why.hint:
+        console.print(f"hint: {why.hint}", highlight=False, markup=False)
+
+
+def status(job_id: StatusJobIdArg = None, address: AddressOpt = None) -> None:
+    """Show a submitted job's state, entrypoint, start/end times and message; for a
+    failed job, the last lines of its log. Without a job id, list the recent jobs.
 
     The exit code mirrors the job: 0 pending, running or succeeded; a failed job's own
     exit code (1 failed, 2 usage error, 3 partial) or 1; 1 stopped. An unknown job id
     is exit 2.
 
-    Example:
+    Examples:
 
       docintel status raysubmit_4LamXRuQpYdSMg7J --address http://head:8265
+
+      docintel status --address http://head:8265      # the recent jobs
     """
     from docintel.jobs import submit as jobs
 
     try:
-        info = jobs.job_info(jobs.connect(jobs.resolve_address(address)), job_id)
+        client = jobs.connect(jobs.resolve_address(address))
+        if job_id is None:
+            _list_jobs(jobs.recent_jobs(client))
+            return
+        info = jobs.job_info(client, job_id)
     except DocintelError as e:
         fail(e)
     t = Table(title=f"docintel job {escape(safe(job_id))}", show_header=False)
@@ -263,7 +294,26 @@ def status(job_id: JobIdArg, address: AddressOpt = None) -> None:
     message = jobs.failure_reason(info) if str(info.status) == "FAILED" else info.message
     t.add_row("message", Text(safe(message or "-", multiline=True)))
     out.print(t, highlight=False)
+    if str(info.status) in ("FAILED", "STOPPED"):
+        _print_failure(jobs.failure(client, info))
     raise typer.Exit(jobs.exit_code(info))
+
+
+def _list_jobs(infos: list[JobDetails]) -> None:
+    """The recent jobs, newest first: id, state, start, end, entrypoint."""
+    from docintel.jobs import submit as jobs
+
+    if not infos:
+        out.print("the cluster has no jobs yet", highlight=False, markup=False)
+        return
+    t = Table(title=f"recent jobs (newest first, at most {jobs.RECENT_JOBS})")
+    for col in ("job id", "status", "started", "ended", "entrypoint"):
+        t.add_column(col, overflow="fold")
+    for info in infos:
+        job = info.submission_id or info.job_id or "-"
+        start, end = jobs.format_time(info.start_time), jobs.format_time(info.end_time)
+        t.add_row(Text(safe(job)), str(info.status), start, end, Text(safe(info.entrypoint)))
+    out.print(t, highlight=False)
 
 
 def logs(job_id: JobIdArg, address: AddressOpt = None, follow: FollowOpt = False) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,6 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from docintel.jobs.cli_models import model_overrides
 from docintel.jobs.ui import (
     PROGRESS_ENV,
     ConfigOpt,
@@ -51,11 +51,20 @@ OutputArg = Annotated[
         "_manifest.json (written last)."
     ),
 ]
-IdColumnOpt = Annotated[str | None, typer.Option(help="Column with unique document ids.")]
-TextColumnOpt = Annotated[str | None, typer.Option(help="Column with the document text.")]
+IdColumnOpt = Annotated[
+    str | None,
+    typer.Option(help="Column with unique document ids. Default: \\[input] id_column, doc_id."),
+]
+TextColumnOpt = Annotated[
+    str | None,
+    typer.Option(help="Column with the document text. Default: \\[input] text_column, text."),
+]
 RunIdOpt = Annotated[
     str | None,
-    typer.Option(help="Name of the run. Rerun with the same id to resume an interrupted run."),
+    typer.Option(
+        help="Name of the run. Rerun with the same id to resume an interrupted run. "
+        "Default: a new id, printed when the run starts."
+    ),
 ]
 BatchSizeOpt = Annotated[
     int | None,
@@ -66,7 +75,10 @@ BatchSizeOpt = Annotated[
 ]
 EmbeddingsOpt = Annotated[
     bool | None,
-    typer.Option("--embeddings/--no-embeddings", help="Write the embedding column in sentences/."),
+    typer.Option(
+        "--embeddings/--no-embeddings",
+        help="Write the embedding column in sentences/. Default: \\[run] embeddings, on.",
+    ),
 ]
 SpillOpt = Annotated[
     str | None,
@@ -98,11 +110,29 @@ GpusOpt = Annotated[
 CpusOpt = Annotated[
     int | None, typer.Option(help="CPUs for the embedded local Ray (default: all cores).")
 ]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help="Table format of OUTPUT: parquet (one run per folder) or iceberg (OUTPUT is a "
+        "warehouse of Iceberg tables each run appends to; the config's output table sets "
+        "the catalog). Default: parquet.",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Classifier to label with: a folder written by `docintel train` (with its "
+        "fine-tuned encoder when it has one, OUT/encoder), or 'default' / 'stock' (the "
+        "bundled models). Default: \\[classify] model_dir and \\[embed] model_path.",
+    ),
+]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(
         help="Join a running Ray cluster ('auto' or ray://host:10001) instead of starting "
-        "an embedded one."
+        "an embedded one. Default: an embedded Ray."
     ),
 ]
 
@@ -120,6 +150,8 @@ def run(
     gpus: GpusOpt = None,
     num_cpus: CpusOpt = None,
     ray_address: RayAddressOpt = None,
+    model: ModelOpt = None,
+    table_format: FormatOpt = None,
     progress: ProgressOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -145,10 +177,12 @@ def run(
         "run.spill": spill,
         "run.num_gpus": gpus,
         "run.ray_address": ray_address,
+        "output.format": table_format,
         "run.show_progress": None if progress else False,
         "run.verbose": True if verbose else None,
     }
     try:
+        overrides.update(model_overrides(model))
         summary = _watched(execute, load_config(config, overrides), input, output, run_id)
     except DocintelError as e:
         fail(e)
@@ -213,7 +247,18 @@ PatternOpt = Annotated[
 ]
 MaxFileOpt = Annotated[
     int,
-    typer.Option("--max-file-mib", min=1, help="Skip (and list) files larger than this many MiB."),
+    typer.Option(
+        "--max-file-mib", min=1, metavar="MIB", help="Skip (and list) files larger than this."
+    ),
+]
+
+
+EncodingOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Encoding of every file (e.g. cp1252, latin-1, shift_jis). Default: UTF-8 for "
+        "files that are valid UTF-8, else the encoding charset-normalizer detects."
+    ),
 ]
 
 
@@ -222,12 +267,15 @@ def ingest(
     output: ParquetOutArg,
     pattern: PatternOpt = None,
     max_file_mib: MaxFileOpt = 64,  # docintel.pipeline.ingest.MAX_FILE_BYTES (tested)
+    encoding: EncodingOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
-    """Turn a folder of text files into a documents Parquet file (doc_id, text).
+    """Turn a folder of text files into a documents Parquet file (doc_id, text, encoding).
 
-    doc_id is the file's path relative to FOLDER; text is its content decoded as UTF-8
-    (a few undecodable bytes are replaced and counted). In doc_id, each byte of a file
+    doc_id is the file's path relative to FOLDER; text is its content, decoded as UTF-8
+    when it is valid UTF-8, else with the encoding charset-normalizer detects (or
+    --encoding), which the encoding column records. Every file decoded lossily (bytes
+    its encoding does not map became U+FFFD) is named. In doc_id, each byte of a file
     name that is not UTF-8 is written as %XX and a literal % as %25, so the Latin-1 name
     café.txt (byte E9) becomes caf%E9.txt and every doc_id names exactly one file.
 
@@ -240,7 +288,9 @@ def ingest(
 
     Example:
 
-      docintel ingest my_reports/ reports.parquet && docintel run reports.parquet out/
+      docintel ingest my_reports/ reports.parquet
+
+      docintel run reports.parquet out/
     """
     from docintel.pipeline.ingest import ingest_folder
 
@@ -265,6 +315,7 @@ def ingest(
                 pattern or ["*.txt", "*.md"],
                 max_file_bytes=max_file_mib * 1024 * 1024,
                 on_file=lambda done, total: bar.update(task, completed=done, total=total),
+                encoding=encoding,
             )
     except DocintelError as e:
         fail(e)
@@ -274,10 +325,18 @@ def ingest(
 def _print_ingested(result: IngestResult, output: Path) -> None:
     """What ingest wrote and skipped. File names, ids and reasons (which quote paths) are
     data: no markup, and no control character reaches the terminal (``safe``)."""
-    note = f" ({result.replaced:,} with undecodable bytes replaced)" if result.replaced else ""
-    out.print(
-        f"wrote {result.documents:,} documents to {escape(safe(output))}{note}", soft_wrap=True
-    )
+    notes = [f"{n:,} decoded as {enc}" for enc, n in sorted(result.encodings.items())]
+    if result.lossy:
+        notes.append(f"{len(result.lossy):,} decoded lossily, listed on stderr")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    out.print(f"wrote {result.documents:,} documents to {safe(output)}{note}", markup=False)
+    for doc_id in result.lossy:
+        console.print(
+            f"warning: {safe(doc_id)}: decoded lossily (bytes its encoding does not map "
+            "became U+FFFD); pass --encoding if it is wrong",
+            markup=False,
+            highlight=False,
+        )
     if result.skipped:
         out.print(f"[yellow]skipped {len(result.skipped):,} files:[/]", highlight=False)
     for s in result.skipped:

@@ -50,6 +50,16 @@ POLL_S = 0.5
 # the state to be recorded before we keep polling at a slower pace.
 SETTLE_S = 30.0
 LEFT_OUT_SHOWN = 10  # paths named in `docintel submit`'s "left out" line; the rest counted
+# A failed job's summary shows this many last lines of its log (from its last traceback
+# when that starts within them); `docintel logs` shows the whole log.
+LOG_TAIL_LINES = 15
+RECENT_JOBS = 20  # `docintel status` without an id lists this many, newest first
+MISSING_DOCINTEL = "No module named 'docintel'"
+MISSING_DOCINTEL_HINT = (
+    "the cluster's Python has no docintel installed: run the cluster on the image built "
+    "from infra/ (infra/Dockerfile.cpu), or ship this source tree with the job: "
+    "docintel submit --working-dir . (its nodes then need docintel's dependencies only)"
+)
 
 
 class ClusterUnreachable(UsageError):
@@ -352,6 +362,57 @@ def failure_reason(info: JobDetails) -> str:
     head = head.split(", last available logs")[0]  # the log itself follows, or was shown
     ours = [line.strip() for line in rest if line.strip().startswith("docintel:")]
     return f"{head}\n{ours[-1]}" if ours else (head if rest else message)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a failed job's summary shows: why, its last log lines, a hint or None."""
+
+    reason: str
+    last_lines: list[str]
+    hint: str | None
+
+
+def last_error_lines(log: str, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The log's last ``n`` non-blank lines; from its last traceback when that starts
+    within them (the error and its frames, not the progress lines before it)."""
+    lines = [line.rstrip() for line in log.splitlines() if line.strip()]
+    tail = lines[-n:]
+    starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent")]
+    return tail[starts[-1] :] if starts else tail
+
+
+def failure(client: JobSubmissionClient, info: JobDetails) -> Failure:
+    """The summary of a job that did not succeed: Ray's reason, the last lines of the
+    job's log (read through the Jobs API; Ray's message when the log cannot be read),
+    and a hint when the cause is a known one (docintel missing on the cluster)."""
+    import requests
+
+    log = ""
+    job = info.submission_id or info.job_id
+    if job:
+        try:
+            log = client.get_job_logs(job)
+        except (RuntimeError, OSError, requests.RequestException):
+            log = ""  # the summary still has Ray's message
+    message = info.message or ""
+    if not log:  # Ray's message carries the log's tail after its first line
+        log = "\n".join(message.splitlines()[1:])
+    hint = MISSING_DOCINTEL_HINT if MISSING_DOCINTEL in log + message else None
+    return Failure(failure_reason(info), last_error_lines(log), hint)
+
+
+def recent_jobs(client: JobSubmissionClient, n: int = RECENT_JOBS) -> list[JobDetails]:
+    """The cluster's ``n`` most recently started jobs, newest first."""
+    import requests
+
+    try:
+        jobs = client.list_jobs()
+    except requests.RequestException as e:
+        raise RunFailed(f"lost contact with the cluster while listing its jobs: {e}") from e
+    except RuntimeError as e:
+        raise RunFailed(f"could not list the cluster's jobs: {e}") from e
+    return sorted(jobs, key=lambda j: j.start_time or 0, reverse=True)[:n]
 
 
 def format_time(ms: int | None) -> str:

@@ -3,12 +3,16 @@ the live progress bar and the run summary table. No command lives here."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import logging
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -22,8 +26,11 @@ from rich.text import Text
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
 
-console = Console(stderr=True)  # messages, warnings, progress
-out = Console()  # results: summaries, tables
+# Text is never hard-wrapped (soft_wrap): a message that holds a command, a URL or a path
+# stays one line the terminal folds, so it can be copied and pasted whole. Tables still
+# fit the width.
+console = Console(stderr=True, soft_wrap=True)  # messages, warnings, progress
+out = Console(soft_wrap=True)  # results: summaries, tables
 
 EXAMPLE_CONFIG = "docintel.example.toml"
 PROGRESS_ENV = "DOCINTEL_PROGRESS"  # force the live bar when stderr is not a terminal
@@ -40,6 +47,18 @@ ConfigOpt = Annotated[
 ]
 
 ProgressOpt = Annotated[bool, typer.Option(help="Show a live progress bar.")]
+
+FRAMEWORK_LOG = "logs/frameworks.log"  # under the docintel cache folder
+FRAMEWORK_LOG_MAX = 16 * 1024 * 1024  # a larger log is started afresh by the next command
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        help="Also show the frameworks' log lines (TensorFlow, absl, ONNX Runtime, PyTorch "
+        "warnings); by default they go to logs/frameworks.log in the docintel cache "
+        "($DOCINTEL_CACHE_DIR, else ~/.cache/docintel).",
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _INDENTED = re.compile(r"^\s")
@@ -89,9 +108,104 @@ def prose(doc: str | None) -> str:
 
 
 def command(app: typer.Typer, fn: F) -> F:
-    """Register ``fn`` as a command of ``app``, its docstring as prose help."""
-    app.command(help=prose(fn.__doc__))(fn)
+    """Register ``fn`` as a command of ``app``, its docstring as prose help. Every command
+    is quiet (:func:`quiet_frameworks`) unless ``--verbose``: a command without its own
+    ``verbose`` parameter gets the option here."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = "verbose" in sig.parameters
+
+    @functools.wraps(fn)
+    def quiet_command(*args: Any, **kwargs: Any) -> Any:
+        verbose = bool(kwargs.get("verbose") if own else kwargs.pop("verbose", False))
+        with quiet_frameworks(verbose):
+            return fn(*args, **kwargs)
+
+    params = list(sig.parameters.values())
+    if not own:
+        kind = inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter("verbose", kind, default=False, annotation=VerboseOpt))
+    quiet_command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    quiet_command.__annotations__ = {p.name: p.annotation for p in params}
+    app.command(help=prose(fn.__doc__))(quiet_command)
     return fn
+
+
+# Loggers of the frameworks the commands load; their notices are not docintel's output.
+_FRAMEWORK_LOGGERS = ("tensorflow", "absl", "keras", "transformers", "torch", "onnxruntime")
+
+
+@contextlib.contextmanager
+def quiet_frameworks(verbose: bool) -> Iterator[None]:
+    """Keep the frameworks' log lines off the terminal unless ``verbose``: TensorFlow's
+    oneDNN and absl lines and ONNX Runtime's notices (written by C++ straight to file
+    descriptor 2, which no environment variable of theirs reliably silences), Python
+    warnings (torch's TracerWarning, deprecations) and the frameworks' Python loggers
+    below ERROR. Descriptor 2 is pointed at the log file (``<cache>/logs/frameworks.log``)
+    while docintel's own messages, and any traceback, keep the terminal through a copy of
+    the original descriptor. Everything is restored on the way out."""
+    if verbose:
+        yield
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    levels = {name: logging.getLogger(name).level for name in _FRAMEWORK_LOGGERS}
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with _native_stderr_to_log() as log, warnings.catch_warnings():
+        if log is not None:
+            warnings.showwarning = functools.partial(_log_warning, log)
+        else:
+            warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
+def _log_warning(
+    log: Any, message: Any, category: Any, filename: str, lineno: int, *_: Any
+) -> None:
+    log.write(warnings.formatwarning(message, category, filename, lineno))
+    log.flush()
+
+
+def framework_log() -> Path:
+    from docintel.pipeline.artefacts import cache_dir
+
+    return cache_dir() / FRAMEWORK_LOG
+
+
+@contextlib.contextmanager
+def _native_stderr_to_log() -> Iterator[Any]:
+    """Descriptor 2 to the framework log, ``sys.stderr`` to a copy of the terminal's;
+    yields the log as a text file, or None where stderr is not the process's descriptor
+    2 (a test runner's capture) or the log cannot be opened (then nothing is moved)."""
+    try:
+        if sys.stderr.fileno() != 2:
+            raise OSError("stderr is not descriptor 2")
+        path = framework_log()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mode = "w" if path.is_file() and path.stat().st_size > FRAMEWORK_LOG_MAX else "a"
+        log = path.open(mode, encoding="utf-8", errors="backslashreplace")
+    except (OSError, ValueError, AttributeError):
+        yield None
+        return
+    previous, saved = sys.stderr, os.dup(2)
+    previous.flush()
+    os.dup2(log.fileno(), 2)
+    enc, errs = previous.encoding, previous.errors
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, encoding=enc, errors=errs)
+    try:
+        yield log
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+            sys.stderr.close()
+        sys.stderr = previous
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.close()
 
 
 def fail(e: DocintelError) -> NoReturn:

@@ -4,6 +4,12 @@ Secure by default: nothing outside FOLDER is read, binary and oversized files ar
 reported instead of ingested, an undecodable file name never aborts the run, memory stays
 bounded whatever the corpus size, and OUTPUT appears only once it is complete.
 
+Encodings: a file that is valid UTF-8 is read as UTF-8; any other is decoded with the
+encoding charset-normalizer detects (or the one given, ``encoding=``), recorded per file in
+the ``encoding`` column. A file decoded lossily (its undecodable bytes became U+FFFD) is
+named in ``IngestResult.lossy``: UTF-8 with a few damaged bytes, or bytes the given or
+detected encoding does not map.
+
 doc_id escaping (reversible, see ``doc_id_for`` / ``doc_id_to_path``): the path relative
 to FOLDER is decoded with ``os.fsdecode`` (surrogateescape), each byte that is not valid
 UTF-8 is written as ``%XX`` (two upper-case hex digits) and a literal ``%`` as ``%25``;
@@ -45,11 +51,30 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 SNIFF_BYTES = 8 * 1024
 BINARY_FRACTION = 0.30
 
-SCHEMA = pa.schema([(DOC_ID, pa.string()), (TEXT, pa.string())])
+ENCODING = "encoding"  # the column: the encoding each file was decoded with
+SCHEMA = pa.schema([(DOC_ID, pa.string()), (TEXT, pa.string()), (ENCODING, pa.string())])
+UTF8 = "utf-8"
+# Ties between encodings that charset-normalizer finds equally plausible (short texts:
+# Latin-1 French reads as cp1250 or cp775 as well as cp1252) go to the most used one.
+PREFERRED_ENCODINGS = (
+    "cp1252",
+    "latin_1",
+    "iso8859_15",
+    "cp1250",
+    "iso8859_2",
+    "cp1251",
+    "shift_jis",
+    "euc_jp",
+    "gb18030",
+    "big5",
+    "euc_kr",
+)
+CHAOS_TIE = 0.01  # matches within this much "chaos" (mess ratio) of the best are a tie
 # Undecodable bytes (lone surrogates from surrogateescape) and control characters other
 # than the whitespace, backspace and escape that real text files carry.
 _NOT_TEXT = re.compile("[\udc80-\udcff\x00-\x07\x0e-\x1a\x1c-\x1f\x7f]")
 _ESCAPED = re.compile("[%\udc80-\udcff]")
+_UTF8_BEYOND_ASCII = re.compile("[^\x00-\x7f\udc80-\udcff]")  # a valid multi-byte character
 _PERCENT = re.compile("%([0-9A-Fa-f]{2})")
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # the file itself must not be a symlink (race)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO swapped in must not hang the open
@@ -71,6 +96,8 @@ class IngestResult:
     documents: int = 0  # rows written
     replaced: int = 0  # of those, files whose undecodable bytes became U+FFFD
     skipped: list[Skipped] = field(default_factory=list)
+    lossy: list[str] = field(default_factory=list)  # the doc_ids of those files
+    encodings: dict[str, int] = field(default_factory=dict)  # files per encoding, not UTF-8
 
 
 @dataclass(frozen=True)
@@ -221,22 +248,72 @@ def _read(real: str, max_bytes: int) -> bytes | str:
     return raw
 
 
-def _decode(raw: bytes) -> tuple[str, bool] | str:
-    """(text, whether bytes were replaced), or why the file is binary."""
+def _decode(raw: bytes, encoding: str | None = None) -> tuple[str, str, bool] | str:
+    """(text, encoding, whether bytes were replaced), or why the file is binary.
+
+    ``encoding`` given: every file is decoded with it. Else UTF-8 when the file is valid
+    UTF-8; a file with valid multi-byte UTF-8 and a few bad bytes is damaged UTF-8 (bad
+    bytes replaced); any other is decoded with the encoding charset-normalizer detects;
+    when it detects none, the file is binary, or UTF-8 with its bad bytes replaced."""
+    if encoding is not None:
+        return _decode_as(raw, encoding)
     if b"\0" in raw[:SNIFF_BYTES]:
         return f"binary: NUL bytes in the first {SNIFF_BYTES // 1024} KiB; not ingested"
     try:
-        return raw.decode("utf-8"), False
+        return raw.decode(UTF8), UTF8, False
     except UnicodeDecodeError:
         pass
-    loose = raw.decode("utf-8", errors="surrogateescape")  # one lone surrogate per bad byte
+    loose = raw.decode(UTF8, errors="surrogateescape")  # one lone surrogate per bad byte
+    if not _UTF8_BEYOND_ASCII.search(loose):  # no UTF-8 beyond ASCII: another encoding?
+        detected = detect_encoding(raw)
+        if detected is not None:
+            return _decode_as(raw, detected)
     bad = len(loose) - len(_NOT_TEXT.sub("", loose))
     if bad > BINARY_FRACTION * len(raw):
         return (
             f"binary: {bad / len(raw):.0%} of its bytes are undecodable or control "
-            "characters; not ingested (convert it to UTF-8 text if it is text)"
+            "characters; not ingested (convert it to UTF-8 text if it is text, or pass "
+            "--encoding)"
         )
-    return raw.decode("utf-8", errors="replace"), True
+    return raw.decode(UTF8, errors="replace"), UTF8, True
+
+
+def _decode_as(raw: bytes, encoding: str) -> tuple[str, str, bool]:
+    try:
+        return raw.decode(encoding), encoding, False
+    except UnicodeDecodeError:
+        return raw.decode(encoding, errors="replace"), encoding, True
+
+
+def detect_encoding(raw: bytes) -> str | None:
+    """The encoding of text that is not UTF-8, as charset-normalizer detects it (ties go to
+    ``PREFERRED_ENCODINGS``, in order), or None when it finds no plausible one (binary)."""
+    from charset_normalizer import from_bytes
+
+    matches = list(from_bytes(raw))
+    if not matches:
+        return None
+    least = min(m.chaos for m in matches)
+    close = [m for m in matches if m.chaos <= least + CHAOS_TIE]
+    for preferred in PREFERRED_ENCODINGS:
+        if any(preferred in m.could_be_from_charset for m in close):
+            return preferred
+    return str(close[0].encoding)
+
+
+def check_encoding(encoding: str | None) -> str | None:
+    """The codec's canonical name; InputError for a name Python does not know."""
+    if encoding is None:
+        return None
+    import codecs
+
+    try:
+        return codecs.lookup(encoding).name
+    except LookupError:
+        raise InputError(
+            f"--encoding {encoding!r}: not an encoding Python knows (e.g. utf-8, cp1252, "
+            "latin-1, shift_jis)"
+        ) from None
 
 
 class _RowGroups:
@@ -246,11 +323,13 @@ class _RowGroups:
         self.writer, self.docs, self.nbytes = writer, max(1, docs), nbytes
         self.ids: list[str] = []
         self.texts: list[str] = []
+        self.encodings: list[str] = []
         self.size = 0
 
-    def add(self, doc_id: str, text: str, size: int) -> None:
+    def add(self, doc_id: str, text: str, encoding: str, size: int) -> None:
         self.ids.append(doc_id)
         self.texts.append(text)
+        self.encodings.append(encoding)
         self.size += size
         if len(self.ids) >= self.docs or self.size >= self.nbytes:
             self.flush()
@@ -258,9 +337,10 @@ class _RowGroups:
     def flush(self) -> None:
         if not self.ids:
             return
-        table = pa.table({DOC_ID: self.ids, TEXT: self.texts}, schema=SCHEMA)
+        columns = {DOC_ID: self.ids, TEXT: self.texts, ENCODING: self.encodings}
+        table = pa.table(columns, schema=SCHEMA)
         self.writer.write_table(table, row_group_size=table.num_rows)
-        self.ids, self.texts, self.size = [], [], 0
+        self.ids, self.texts, self.encodings, self.size = [], [], [], 0
 
 
 def _candidates(folder: Path, patterns: list[str], skipped: list[Skipped]) -> list[tuple[str, str]]:
@@ -346,14 +426,16 @@ def ingest_folder(
     row_group_docs: int = ROW_GROUP_DOCS,
     row_group_bytes: int = ROW_GROUP_BYTES,
     on_file: Callable[[int, int], None] | None = None,
+    encoding: str | None = None,
 ) -> IngestResult:
     """Write one (doc_id, text) row per text file under ``folder`` matching ``patterns``.
 
     Files are found recursively and written in sorted order of their relative paths.
     doc_id is the path relative to ``folder``, escaped as described in this module's
     docstring (bytes that are not UTF-8 become ``%XX``, ``%`` becomes ``%25``). text is the
-    content decoded as UTF-8; a file with a few undecodable bytes gets U+FFFD for them and
-    is counted in ``replaced``.
+    content decoded as UTF-8, or with the detected encoding (``encoding``: with that one),
+    recorded in the ``encoding`` column; a file with undecodable bytes gets U+FFFD for them,
+    is named in ``lossy`` and counted in ``replaced``.
 
     Skipped (listed in ``IngestResult.skipped`` with the reason, never read): files and
     folders reached through a symlink whose real path leaves ``folder``; a second path to
@@ -372,6 +454,7 @@ def ingest_folder(
     created, RunFailed when writing fails midway (``output`` is then left as it was).
     """
     skipped: list[Skipped] = []
+    reading = _Reading(max_file_bytes, check_encoding(encoding))
     todo = _candidates(folder, patterns, skipped)
     if not todo:
         raise _nothing_ingested(folder, patterns, sorted(skipped, key=lambda s: s.doc_id))
@@ -380,9 +463,7 @@ def ingest_folder(
     done = False
     try:
         try:
-            _write(
-                fd, todo, result, skipped, on_file, max_file_bytes, row_group_docs, row_group_bytes
-            )
+            _write(fd, todo, result, skipped, on_file, reading, row_group_docs, row_group_bytes)
         except OSError as e:  # reading errors are skipped files: this is the output side
             raise _write_failed(tmp, output, e) from e
         result.skipped = sorted(skipped, key=lambda s: s.doc_id)
@@ -402,7 +483,7 @@ def _write(
     result: IngestResult,
     skipped: list[Skipped],
     on_file: Callable[[int, int], None] | None,
-    max_file_bytes: int,
+    reading: _Reading,
     row_group_docs: int,
     row_group_bytes: int,
 ) -> None:
@@ -411,7 +492,7 @@ def _write(
         with pq.ParquetWriter(f, SCHEMA, compression="zstd") as writer:
             rows = _RowGroups(writer, row_group_docs, row_group_bytes)
             for i, (doc_id, real) in enumerate(todo, 1):
-                _ingest_one(doc_id, real, max_file_bytes, rows, result, skipped)
+                _ingest_one(doc_id, real, reading, rows, result, skipped)
                 if on_file is not None:
                     on_file(i, len(todo))
             rows.flush()
@@ -419,20 +500,30 @@ def _write(
         os.fsync(f.fileno())  # the data is on disk before the rename makes it OUTPUT
 
 
+@dataclass(frozen=True)
+class _Reading:
+    max_bytes: int  # larger files are skipped
+    encoding: str | None  # every file's encoding; None: UTF-8, else detected
+
+
 def _ingest_one(
     doc_id: str,
     real: str,
-    max_bytes: int,
+    reading: _Reading,
     rows: _RowGroups,
     result: IngestResult,
     skipped: list[Skipped],
 ) -> None:
-    raw = _read(real, max_bytes)
-    decoded = _decode(raw) if isinstance(raw, bytes) else raw
+    raw = _read(real, reading.max_bytes)
+    decoded = _decode(raw, reading.encoding) if isinstance(raw, bytes) else raw
     if isinstance(decoded, str):
         skipped.append(Skipped(doc_id, decoded))
         return
-    text, replaced = decoded
-    rows.add(doc_id, text, len(raw))
+    text, encoding, replaced = decoded
+    rows.add(doc_id, text, encoding, len(raw))
     result.documents += 1
-    result.replaced += replaced
+    if encoding != UTF8:
+        result.encodings[encoding] = result.encodings.get(encoding, 0) + 1
+    if replaced:
+        result.replaced += 1
+        result.lossy.append(doc_id)

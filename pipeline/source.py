@@ -120,23 +120,47 @@ def _list_input(fs: pafs.FileSystem, root: str, uri: str, pattern: str | None) -
         shown = uri if is_local(fs) else display_uri(fs, root)
         return [InputFile(shown, root, info.size, _file_key(PurePosixPath(root).name))]
     entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = []
-    for e in sorted(entries, key=lambda e: e.path):
-        if e.type != pafs.FileType.File:
-            continue
-        rel = e.path[len(root) :].lstrip("/")
+    files, others = [], []
+    listed = sorted((*_entry_path(e), e.size) for e in entries if e.type == pafs.FileType.File)
+    for path, decoded, size in listed:
+        rel = path[len(root) :].lstrip("/")
         if any(part.startswith((".", "_")) for part in rel.split("/")):
             continue  # hidden and _metadata-style files, as pyarrow.dataset skips them
-        if pattern is not None:
-            if not _glob_regex(pattern).fullmatch(rel):
-                continue
-        elif not rel.endswith((".parquet", ".parq", ".pq")):
-            continue
-        files.append(InputFile(display_uri(fs, e.path), e.path, e.size, _file_key(rel)))
+        taken = _glob_regex(pattern).fullmatch(rel) if pattern else rel.endswith(_PARQUET)
+        if not taken:
+            others.append(rel)
+        elif not decoded:
+            raise InputError(
+                f"input file {rel} has a name that is not UTF-8 (shown with \\x escapes), "
+                f"which cannot be opened: rename it to UTF-8. {_INGEST_HINT}"
+            )
+        else:
+            files.append(InputFile(display_uri(fs, path), path, size, _file_key(rel)))
     if not files:
-        what = f"files matching {pattern!r}" if pattern else "Parquet files (*.parquet)"
-        raise InputError(f"input {uri!r} holds no {what}")
+        raise _nothing_to_read(uri, pattern, others)
     return files
+
+
+_PARQUET = (".parquet", ".parq", ".pq")
+_INGEST_HINT = "`docintel ingest DIR FILE.parquet` turns a folder of .txt/.md files into Parquet."
+
+
+def _entry_path(e: pafs.FileInfo) -> tuple[str, bool]:
+    """The entry's path and whether it decoded. pyarrow raises on a name that is not
+    UTF-8 (such a file cannot be opened through it); that name comes back as text with
+    each undecodable byte as ``\\xNN``, to be named in a message."""
+    try:
+        return e.path, True
+    except UnicodeDecodeError as err:
+        return bytes(err.object).decode("utf-8", "backslashreplace"), False
+
+
+def _nothing_to_read(uri: str, pattern: str | None, others: list[str]) -> InputError:
+    what = f"files matching {pattern!r}" if pattern else "Parquet files (*.parquet)"
+    if not others:
+        return InputError(f"input {uri!r} holds no {what}")
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3:,} more" if len(others) > 3 else "")
+    return InputError(f"input {uri!r} holds no {what}, only other files ({shown}). {_INGEST_HINT}")
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:

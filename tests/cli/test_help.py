@@ -82,3 +82,52 @@ def test_short_help_and_version() -> None:
     for args in (("-h",), ("run", "-h")):
         short, long = cli(*args), cli(*args[:-1], "--help")
         assert short.returncode == 0 and short.stdout == long.stdout
+
+
+def _commands() -> dict[str, str]:
+    """Every command of the app and its help text (as registered)."""
+    import typer
+
+    from docintel.jobs.cli import app
+
+    group = typer.main.get_command(app)
+    return {name: cmd.help or "" for name, cmd in group.commands.items()}  # type: ignore[attr-defined]
+
+
+def _example_lines(help_text: str) -> list[str]:
+    """The example commands of a help text: its indented lines that start with docintel."""
+    lines = [line for line in help_text.splitlines() if line[:1].isspace()]
+    return [line.strip() for line in lines if line.strip().startswith("docintel ")]
+
+
+def test_every_example_line_is_whole_at_80_columns() -> None:
+    """At 80 columns every example is one line, as written (never wrapped, so an option
+    is never split from its value, nor truncated), and no help text ends in '…'."""
+    helps = _commands()
+    assert set(COMMANDS) <= set(helps)
+    for command, text in helps.items():
+        lines = [line.strip() for line in _help(command, 80)]
+        examples = _example_lines(text)
+        assert examples or command in ("search", "index"), f"{command}: no example"
+        for example in examples:
+            assert len(example) <= 76, f"{command}: example over 76 columns: {example!r}"
+            assert example in lines, f"`docintel {command} --help` wraps {example!r}"
+        truncated = [line for line in lines if "…" in line]
+        assert not truncated, f"`docintel {command} --help` truncates: {truncated}"
+
+
+def test_options_without_a_fixed_default_say_their_default() -> None:
+    """An option whose default is computed (None here) says what it is in its help."""
+    import typer
+
+    from docintel.jobs.cli import app
+
+    group = typer.main.get_command(app)
+    missing = []
+    for name in COMMANDS:
+        for p in group.commands[name].params:  # type: ignore[attr-defined]
+            if p.param_type_name != "option" or p.required or p.default is not None:
+                continue
+            if p.name != "config" and "default" not in (p.help or "").lower():
+                missing.append(f"{name} {p.opts[0]}")
+    assert not missing, f"options that do not say their default: {missing}"

@@ -9,9 +9,11 @@ entrypoint reserves none.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -428,3 +430,50 @@ def test_dry_run_lists_every_path_with_its_fate_and_contacts_no_cluster(
     # a bad config is still refused first (exit 2), as for a real submit
     r = CliRunner().invoke(app, ["submit", "--dry-run", "--output", "/o"])
     assert r.exit_code == 2 and "no input" in r.stderr
+
+
+def test_missing_docintel_on_the_cluster_gets_a_hint_and_status_lists_jobs(
+    ray_head: RayHead, tmp_path: Path
+) -> None:
+    """A cluster whose Python has no docintel (here: the job's PATH finds the base
+    interpreter of this venv first): the failed job's summary shows the last lines of its
+    log, with the import error, and the hint (infra/ image or --working-dir); `docintel
+    status` without an id lists the job."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base), "-c", "import docintel"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        pytest.skip(f"{base} has docintel installed")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(base)
+    jobdir = tmp_path / "jobdir"
+    jobdir.mkdir()
+    write_config(jobdir / JOB_CONFIG_NAME, tmp_path / "in.parquet", tmp_path / "out")
+    path = f"{bindir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    runtime_env = {"working_dir": str(jobdir), "env_vars": {"PATH": path}}
+    r = subprocess.run(
+        [
+            str(BIN / "ray"), "job", "submit", "--address", ray_head.address, "--no-wait",
+            "--runtime-env-json", json.dumps(runtime_env),
+            "--", "python", "-m", "docintel.jobs.batch", "--config", JOB_CONFIG_NAME,
+        ],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=ray_head.env,
+        check=False,
+    )  # fmt: skip
+    match = JOB_ID.search(r.stdout + r.stderr)
+    assert match, r.stdout + r.stderr
+    job_id = match.group(0)
+    deadline = time.monotonic() + 120
+    while True:
+        s = docintel("status", job_id, "--address", ray_head.address, env=ray_head.env)
+        if "FAILED" in s.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert s.returncode == 1, s.stdout + s.stderr
+    assert "last lines of the job's log:" in s.stderr
+    assert "No module named 'docintel'" in s.stderr.split("last lines of the job's log:")[1]
+    hint = next(line for line in s.stderr.splitlines() if line.startswith("hint: "))
+    assert "infra/" in hint and "docintel submit --working-dir ." in hint
+    listed = docintel("status", "--address", ray_head.address, env=ray_head.env)
+    assert listed.returncode == 0, listed.stderr
+    assert job_id in listed.stdout and "FAILED" in listed.stdout

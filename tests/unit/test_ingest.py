@@ -131,12 +131,12 @@ def test_binary_file_is_reported_and_not_ingested(tmp_path: Path, src: Path) -> 
     assert _reasons(r)["noise.md"].startswith("binary: 100% of its bytes")
 
 
-def test_latin1_text_is_ingested_with_replacement_characters(tmp_path: Path, src: Path) -> None:
+def test_latin1_text_is_decoded_with_its_detected_encoding(tmp_path: Path, src: Path) -> None:
     (src / "latin1.txt").write_bytes("Café sales dipped; naïve guidance.".encode("latin-1"))
     out = tmp_path / "docs.parquet"
     r = ingest_folder(src, out, PATTERNS)
-    assert r.documents == 2 and r.replaced == 1 and not r.skipped
-    assert _texts(out)["latin1.txt"] == "Caf\ufffd sales dipped; na\ufffdve guidance."
+    assert r.documents == 2 and r.replaced == 0 and not r.skipped  # see test_ingest_encoding
+    assert _texts(out)["latin1.txt"] == "Café sales dipped; naïve guidance."
 
 
 def test_streams_row_groups_and_keeps_sorted_order(tmp_path: Path) -> None:
