@@ -28,7 +28,7 @@ from docintel.actors.resources import task_options
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
-from docintel.pipeline.pieces import Pieces, piece_id, take
+from docintel.pipeline.pieces import Pieces, Split, passed_on, piece_id, take
 from docintel.pipeline.sink import BatchStats, RunSink
 from docintel.pipeline.source import WorkUnit, read_unit
 
@@ -50,9 +50,11 @@ def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) 
 _read_task = ray.remote(_read)
 
 
-def _write(sink: RunSink, batch: Batch | Pieces, piece: int = -1) -> BatchStats:
-    """A write task: the run's sink (resolved from its ref) writes one finished batch."""
-    return sink.write(take(batch, piece))
+def _write(sink: RunSink, batch: Batch | Pieces | Split, piece: int = -1) -> BatchStats | Split:
+    """A write task: the run's sink (resolved from its ref) writes one finished batch (a
+    batch that split: the :class:`Split` marker, for the driver to hand out its pieces)."""
+    marker = passed_on(batch, piece)
+    return marker if marker is not None else sink.write(take(batch, piece))
 
 
 _write_task = ray.remote(_write)
@@ -65,7 +67,7 @@ class _Flight:
     attempts: int = 1
     pools: dict[str, str] = field(default_factory=dict)  # stage -> pool that served it
     piece: int = -1  # a piece of a split batch (pipeline/pieces.py): its index
-    count_ref: ray.ObjectRef | None = None  # the splitting call's piece count
+    split_ref: ray.ObjectRef | None = None  # the splitting stage's result (its pieces)
 
 
 @dataclass(frozen=True)
@@ -272,11 +274,11 @@ class Executor:
                 if self.metrics:
                     self.metrics.call_done(stage, replica.pool, self._spilled(replica))
             if stage != WRITE:
-                if flight.count_ref is not None and self._fan_out(st, flight, ref, now):
-                    continue
+                if stage == self.split_stage and flight.piece < 0:
+                    flight.split_ref = ref  # its pieces, if it split (the write says)
                 queues[self.after[stage]].append((flight, ref, now))
                 continue
-            stats = self._finish(flight, ref, queues)
+            stats = self._finish(flight, ref, st, now)
             if stats is not None:
                 written.append(stats)
                 if self.metrics:
@@ -288,21 +290,13 @@ class Executor:
                 self.metrics.held(s, len(queues[s]))
         return written
 
-    def _fan_out(self, st: _Loop, flight: _Flight, ref: ray.ObjectRef, now: float) -> bool:
-        """After the splitting stage: a batch that came back in ``n > 1`` pieces goes on as
-        ``n`` batches (less the pieces a resumed run already committed); False if whole."""
-        count_ref, flight.count_ref = flight.count_ref, None
-        try:
-            n = ray.get(count_ref)
-        except RayError:  # the call failed: the chain fails at its write and is retried
-            return False
-        if n == 1 or flight.piece >= 0:  # whole, or a retried piece: it knows its index
-            return False
-        nxt = self.after[self.split_stage]
+    def _fan_out(self, st: _Loop, flight: _Flight, n: int, now: float) -> None:
+        """A batch that split into ``n`` pieces goes on from the splitting stage's result as
+        ``n`` batches (less the pieces a resumed run already committed)."""
+        ref, nxt = flight.split_ref, self.after[self.split_stage]
         later = self.stages[self.stages.index(self.split_stage) + 1 :]
         st.live.pop(flight.batch_id, None)
         st.admitted -= 1
-        self.unsubmitted.subtract(later)
         for i in range(n):
             pid = piece_id(flight.batch_id, i, n)
             if pid in st.skip:
@@ -312,14 +306,9 @@ class Executor:
             st.admitted += 1
             self.unsubmitted.update(later)
             st.queues[nxt].append((piece, ref, now))
-        return True
 
     def _call(self, stage: str, flight: _Flight, ref: ray.ObjectRef, handle: Any) -> Any:
-        """One replica call: the splitting stage's returns the piece count too (kept on the
-        flight); the step after it names the piece a call serves."""
-        if stage == self.split_stage:
-            out, flight.count_ref = handle.process_split.remote(ref)
-            return out
+        """One replica call (the step after the splitting stage names the piece it serves)."""
         if stage == self.takes_piece and flight.piece >= 0:
             return handle.process.remote(ref, flight.piece)
         return handle.process.remote(ref)
@@ -351,10 +340,17 @@ class Executor:
             out = _write_task.options(**opts).remote(self.sink.ref, ref, piece)
             pending[out] = (flight, WRITE, None)
 
-    def _finish(self, flight: _Flight, ref: ray.ObjectRef, queues: dict) -> BatchStats | None:
-        """The batch's write result, or None after re-queueing a failed batch."""
+    def _finish(
+        self, flight: _Flight, ref: ray.ObjectRef, st: _Loop, now: float
+    ) -> BatchStats | None:
+        """The batch's write result, or None after re-queueing a failed batch or handing
+        out the pieces of a batch that split."""
         try:
-            return ray.get(ref)
+            got = ray.get(ref)
+            if isinstance(got, Split):
+                self._fan_out(st, flight, got.n, now)
+                return None
+            return got
         except RayError as e:
             if flight.attempts >= MAX_BATCH_ATTEMPTS:
                 raise RunFailed(
@@ -365,7 +361,7 @@ class Executor:
             flight.pools.clear()
             if self.metrics:
                 self.metrics.retried()
-            queues[self.stages[0]].append((flight, flight.read_ref, time.monotonic()))
+            st.queues[self.stages[0]].append((flight, flight.read_ref, time.monotonic()))
             return None
 
     def _spilled(self, replica: Replica) -> bool:

@@ -13,7 +13,7 @@ import ray
 
 from docintel.actors.metrics import report_gpu_memory
 from docintel.pipeline.batch import Batch
-from docintel.pipeline.pieces import Pieces, split, take
+from docintel.pipeline.pieces import Pieces, Split, passed_on, split, take
 from docintel.pipeline.schema import BACKEND_GPU_BF16, BACKEND_GPU_FP16, BACKEND_GPU_FP32
 from docintel.pipeline.stages import Stage, run_stage
 
@@ -48,23 +48,20 @@ class StageActor:
             "node": ray.get_runtime_context().get_node_id(),
         }
 
-    def process(self, batch: Batch | Pieces, piece: int = -1) -> Batch:
-        """Run the stage on ``batch`` (on its piece ``piece``, for a split batch)."""
+    def process(self, batch: Batch | Pieces | Split, piece: int = -1) -> Batch | Pieces | Split:
+        """Run the stage on ``batch`` (its piece ``piece``, for a split batch). The stage
+        that makes sentence rows returns a result over the bound as its :class:`Pieces`;
+        the calls after it pass a :class:`Split` marker on (pipeline/pieces.py)."""
         if self.setup_error is not None:
             raise self.setup_error
+        marker = passed_on(batch, piece)
+        if marker is not None:
+            return marker
         out = run_stage(self.stage, take(batch, piece))
         if self.stage.backend in CUDA_BACKENDS:
             report_gpu_memory(self.stage.name, self.key)
-        return out
-
-    @ray.method(num_returns=2)
-    def process_split(self, batch: Batch | Pieces, piece: int = -1) -> tuple[Any, int]:
-        """:meth:`process`, for the stage that makes sentence rows: a result over the bound
-        comes back as its :class:`Pieces`, with the number of pieces as a second, small
-        object (the driver reads only that)."""
-        out = self.process(batch, piece)
-        if piece < 0 and self.split_cap:
+        if self.split_cap and out.table.num_rows > self.split_cap:
             pieces = split(out, self.split_cap)
             if len(pieces) > 1:
-                return Pieces(tuple(pieces)), len(pieces)
-        return out, 1
+                return Pieces(tuple(pieces))
+        return out

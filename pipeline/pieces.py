@@ -8,7 +8,10 @@ max_batch_sentences`` sentence rows is split, right after the stage that made th
 order. Nothing is refused: every document lands in exactly one piece (a document has at
 most ``[sentencize] max_sentences`` sentences, checked against the bound before any work).
 
-From there each piece is a batch of its own: its own calls to the later stages, its own
+The stage returns the pieces as one object; the calls after it pass a small
+:class:`Split` marker on to the write (they do no work), and the driver, reading the
+write's answer as it does for every batch, hands the pieces out. From there each piece is
+a batch of its own: its own calls to the later stages, its own
 write and its own commit, under the id ``<batch id>-p<i>of<n>``. The split is
 deterministic (the same input and sentencizer give the same rows), so a resumed run cuts
 the same pieces, skips those already committed, and counts the batch done when all ``n``
@@ -29,6 +32,16 @@ from docintel.pipeline.batch import Batch
 from docintel.pipeline.schema import DOC_ID
 
 _PIECE = re.compile(r"^(?P<parent>.+)-p(?P<i>\d+)of(?P<n>\d+)$")
+
+
+@dataclass(frozen=True)
+class Split:
+    """What the calls after the splitting stage pass on, up to the write, for a batch that
+    split, until the driver hands out its pieces: the number of pieces. The driver learns
+    of a split from the write's answer, which it reads anyway: a batch that does not split
+    costs nothing more."""
+
+    n: int
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,16 @@ def completed(committed: Iterable[str]) -> set[str]:
             counts[p[0]] = p[2]
     done.update(b for b, got in seen.items() if len(got) == counts[b])
     return done
+
+
+def passed_on(obj: object, piece: int) -> Split | None:
+    """The :class:`Split` marker a call passes on instead of working (a split batch not yet
+    handed out as pieces), else None."""
+    if isinstance(obj, Split):
+        return obj
+    if isinstance(obj, Pieces) and piece < 0:
+        return Split(len(obj.pieces))
+    return None
 
 
 def take(obj: Batch | Pieces, piece: int) -> Batch:

@@ -7,7 +7,16 @@ import pytest
 
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import Config, ConfigError
-from docintel.pipeline.pieces import Pieces, completed, parent, piece_id, split, take
+from docintel.pipeline.pieces import (
+    Pieces,
+    Split,
+    completed,
+    parent,
+    passed_on,
+    piece_id,
+    split,
+    take,
+)
 from docintel.pipeline.schema import DOC_ID, SENT_INDEX, error_table
 
 
@@ -87,3 +96,11 @@ def test_pieces_keep_the_tables_schemas() -> None:
     b = _batch({"a": 2, "b": 2}, errors=("a",))
     for p in split(b, 2):
         assert p.errors.schema == b.errors.schema and p.table.schema == b.table.schema
+
+
+def test_calls_after_a_split_pass_the_marker_on_until_the_driver_hands_out_pieces() -> None:
+    pieces = Pieces(tuple(split(_batch({"a": 2, "b": 2, "c": 2}), 2)))
+    assert passed_on(pieces, -1) == Split(3)  # the step after the split, not yet handed out
+    assert passed_on(Split(3), -1) == Split(3)  # the later steps pass it on
+    assert passed_on(pieces, 1) is None  # a piece: the call works on it
+    assert passed_on(_batch({"a": 1}), -1) is None
