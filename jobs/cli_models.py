@@ -17,7 +17,7 @@ from rich.table import Table
 
 from docintel.jobs.ui import PROGRESS_ENV, ConfigOpt, ProgressOpt, console, fail, out, safe
 from docintel.pipeline.config import EmbedConfig, load_config
-from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.errors import DocintelError, UsageError
 
 TrainDataArg = Annotated[
     Path,
@@ -53,7 +53,27 @@ MethodOpt = Annotated[
         "load) or 'full' (every weight; a merged fp16 folder, ~45 MB for MiniLM)."
     ),
 ]
-EpochsOpt = Annotated[int, typer.Option(min=1, help="With --fine-tune: epochs over the data.")]
+EpochsOpt = Annotated[
+    int, typer.Option(min=1, metavar="N", help="With --fine-tune: epochs over the data.")
+]
+HeadOpt = Annotated[
+    str,
+    typer.Option(
+        help="Classifier head: 'mlp' (an ensemble of 5 MLPs, 384-192 units) or 'linear' "
+        "(one softmax layer over the embedding)."
+    ),
+]
+ScoreOnOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--score-on",
+        metavar="FILE",
+        help="Labelled CSV/Parquet to score the trained model on too (repeatable; default: none); "
+        "metrics.json gets its metrics, and its ECE as the top-level 'ece'.",
+        exists=True,
+        dir_okay=False,
+    ),
+]
 EncoderOpt = Annotated[
     str | None,
     typer.Option(
@@ -62,7 +82,13 @@ EncoderOpt = Annotated[
         "MiniLM). Default: \\[embed] model_path (for evaluate: MODEL_DIR/encoder if it exists)."
     ),
 ]
-ModelDirArg = Annotated[Path, typer.Argument(help="Classifier folder written by `train`.")]
+ModelDirArg = Annotated[
+    str,
+    typer.Argument(
+        help="Classifier folder written by `train`, or 'default' (the bundled fine-tuned "
+        "model) or 'stock' (the bundled head on the stock MiniLM)."
+    ),
+]
 Int8OutOpt = Annotated[
     Path | None,
     typer.Option(
@@ -88,6 +114,38 @@ def _names(label_names: str | None) -> list[str] | None:
 
 def _embed_cfg(cfg: EmbedConfig, encoder: str | None) -> EmbedConfig:
     return cfg.model_copy(update={"model_path": encoder}) if encoder else cfg
+
+
+def resolve_model(model: str) -> tuple[Path, str | None]:
+    """A model named on the command line: its classifier folder, and the encoder to run it
+    with when the name or folder implies one (None: keep the configured encoder).
+    'default' and 'stock' are the bundled models (installed package data, wherever
+    docintel is run from); a folder of `docintel train --fine-tune` brings its encoder/."""
+    from docintel.pipeline.artefacts import ENCODER_SUBDIR, STOCK
+    from docintel.pipeline.config import DEFAULT_MODEL_NAME, ClassifyConfig
+
+    if model in (DEFAULT_MODEL_NAME, STOCK):
+        return ClassifyConfig(model_dir=model).resolved_model_dir(), model
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise UsageError(
+            f"model {model!r} is not a folder: give a folder written by `docintel train`, "
+            f"or '{DEFAULT_MODEL_NAME}' or '{STOCK}' for a bundled model"
+        )
+    encoder = path / ENCODER_SUBDIR
+    return path.resolve(), str(encoder.resolve()) if encoder.is_dir() else None
+
+
+def model_overrides(model: str | None) -> dict[str, str]:
+    """Config overrides that run ``model`` (``docintel run --model``): its head, and its
+    encoder when it has one of its own (else the configured encoder)."""
+    if model is None:
+        return {}
+    head, encoder = resolve_model(model)
+    overrides = {"classify.model_dir": str(head)}
+    if encoder is not None:
+        overrides["embed.model_path"] = encoder
+    return overrides
 
 
 class _FineTuneBar:
@@ -144,6 +202,8 @@ def train(
     method: MethodOpt = "lora",
     epochs: EpochsOpt = 2,
     encoder: EncoderOpt = None,
+    head: HeadOpt = "mlp",
+    score_on: ScoreOnOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file; with --fine-tune,
@@ -159,24 +219,29 @@ def train(
 
       docintel train data/twitter_fin_sentiment/sent_train.csv --out my-head
 
-      docintel train labelled.csv --out my-head --label-names Bearish,Bullish,Neutral
+      docintel train in.csv --out my-head --label-names Bearish,Bullish,Neutral
 
       docintel train labelled.csv --out my-model --fine-tune --encoder stock
     """
     from docintel.pipeline.offline.finetune import FineTuneParams
+    from docintel.pipeline.offline.train import HeadParams
     from docintel.pipeline.offline.train import train as do_train
 
     show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
     try:
         if method not in ("full", "lora"):
             raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
+        if head not in ("mlp", "linear"):
+            raise typer.BadParameter(f"--head {head!r}: expected 'mlp' or 'linear'")
+        head_params = HeadParams(members=1, hidden=()) if head == "linear" else HeadParams()
         embed = _embed_cfg(load_config(config).embed, encoder)
         params = FineTuneParams(method=method, epochs=epochs) if fine_tune else None
         t0 = time.perf_counter()
         with _fine_tune_progress(show) as bar:
             if params is None:
                 bar.console.print("embedding texts and training the head")
-            kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar)}
+            kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar), "params": head_params}
+            kwargs["score_on"] = score_on or []
             m = do_train(data, out_dir, embed, _names(label_names), seed=seed, **kwargs)
     except DocintelError as e:
         fail(e)
@@ -198,25 +263,31 @@ def evaluate(
 
     Example:
 
-      docintel evaluate models/finsent_ft data/twitter_fin_sentiment/sent_valid.csv
+      docintel evaluate default data/twitter_fin_sentiment/sent_valid.csv
 
-      docintel evaluate models/finsent data/twitter_fin_sentiment/sent_valid.csv --encoder stock
+      docintel evaluate my-head labelled.csv --encoder stock
     """
     from docintel.pipeline.offline.train import evaluate as do_evaluate
 
     try:
-        embed = _embed_cfg(load_config(config).embed, encoder)
+        head, own_encoder = resolve_model(model_dir)
+        embed = load_config(config).embed
+        if own_encoder is not None and not embed.model_path:  # the model's own encoder
+            embed = _embed_cfg(embed, own_encoder)
+        embed = _embed_cfg(embed, encoder)
         with console.status("embedding and classifying"):
-            m = do_evaluate(model_dir, data, embed, _names(label_names))
+            m = do_evaluate(head, data, embed, _names(label_names))
     except DocintelError as e:
         fail(e)
-    print_metrics(m, f"{model_dir} on {data.name}")
+    print_metrics(m, escape(safe(f"{model_dir} on {data.name}")))
 
 
 def print_metrics(m: dict[str, Any], title: str) -> None:
     """Per-class scores, then the confusion matrix."""
+    ece = f", ECE {m['ece']:.4f}" if "ece" in m else ""  # 10 bins over the top probability
     t = Table(
-        title=f"{title}: accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f} (n={m['n']:,})"
+        title=f"{title}: accuracy {m['accuracy']:.4f}, macro-F1 {m['macro_f1']:.4f}{ece} "
+        f"(n={m['n']:,})"
     )
     for col in ("label", "precision", "recall", "F1", "support"):
         t.add_column(col, justify="left" if col == "label" else "right")

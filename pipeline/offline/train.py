@@ -6,6 +6,9 @@ Embedder stage the pipeline runs), fits a small Keras MLP with class weighting, 
 With ``--fine-tune`` it first fine-tunes the encoder on the same training split
 (:mod:`docintel.pipeline.offline.finetune`) into ``DIR/encoder/`` and trains the head on
 that encoder's embeddings; ``training.json`` then also holds the fine-tuning curve.
+The head's temperature is fitted on the hold-out and kept in ``training.json``
+(``calibration``; :mod:`docintel.pipeline.offline.calibration`); ``score_on`` files
+are scored with it and their metrics and ECE go into ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from docintel.pipeline.artefacts import (
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.offline.metrics import metrics
+from docintel.pipeline.stages.classify import CALIBRATION_KEY, read_classifier_meta
 from docintel.pipeline.stages.embed import Embedder
 
 if TYPE_CHECKING:
@@ -303,6 +307,42 @@ def _training_record(
     return record
 
 
+def _fit_and_save(
+    x: np.ndarray, c: _Classes, out: Path, params: HeadParams, seed: int, curve: list[float]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fit the head, fit its temperature on the hold-out, write model.keras and labels.json;
+    the hold-out metrics (with the calibrated ECE) and the calibration record."""
+    from docintel.pipeline.offline.calibration import calibration_record
+
+    tr, ho, y = c.train, c.hold, c.y
+    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve)
+    raw = np.asarray(model(x[ho], training=False))
+    calibration = calibration_record(raw, y[ho], "holdout")
+    result = {**metrics(y[ho], raw.argmax(axis=1), c.names), "ece": calibration["ece_after"]}
+    out.mkdir(parents=True, exist_ok=True)
+    _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
+    (out / LABELS_FILE).write_text(json.dumps(c.names) + "\n")
+    return result, calibration
+
+
+def _scored_files(
+    out: Path, files: list[Path], embed_cfg: EmbedConfig, label_names: list[str] | None
+) -> dict[str, Any]:
+    """The written model's metrics (ECE included) on each of ``files``, by file name."""
+    return {f.name: evaluate(out, f, embed_cfg, label_names) for f in files}
+
+
+def write_metrics(out: Path, holdout: dict[str, Any], scored: dict[str, Any]) -> None:
+    """metrics.json: the hold-out metrics; with scored files also their metrics, and the
+    top-level ``ece`` is the first scored file's (``ece_split`` says which)."""
+    record: dict[str, Any] = {"split": "holdout", **holdout, "ece_split": "holdout"}
+    if scored:
+        first = next(iter(scored))
+        record.update(ece=scored[first]["ece"], ece_split=first, ece_holdout=holdout["ece"])
+        record["evaluations"] = scored
+    (out / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
 def train(
     data: Path,
     out: Path,
@@ -312,17 +352,19 @@ def train(
     seed: int = SEED,
     fine_tune: FineTuneParams | None = None,
     monitor: Monitor | None = None,
+    score_on: list[Path] | None = None,
 ) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
 
     With ``fine_tune``, the configured encoder is first fine-tuned on the training split
     into ``out/encoder/`` and the head is trained on that encoder's embeddings; the
-    hold-out (a stratified part of ``data``) selects the encoder's epoch and the head's.
+    hold-out (a stratified part of ``data``) selects the encoder's epoch and the head's,
+    and fits the head's temperature. ``score_on``: labelled files the written model is
+    scored on too (their metrics and ECE go into metrics.json).
     """
     params = params or HeadParams()
     t0 = time.perf_counter()
     c = _classes(data, label_names, seed)
-    tr, ho, y = c.train, c.hold, c.y
     tuned: dict[str, Any] | None = None
     if fine_tune is not None:
         tuned, embed_cfg = _fine_tune_encoder(c, out, embed_cfg, fine_tune, seed, monitor)
@@ -330,12 +372,7 @@ def train(
     x, embedder = embed_texts(c.texts, embed_cfg)
     t_embed = time.perf_counter() - t_embed0
     curve: list[float] = []
-    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve)
-    pred = np.asarray(model(x[ho], training=False)).argmax(axis=1)
-    result = metrics(y[ho], pred, c.names)
-    out.mkdir(parents=True, exist_ok=True)
-    _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
-    (out / LABELS_FILE).write_text(json.dumps(c.names) + "\n")
+    result, calibration = _fit_and_save(x, c, out, params, seed, curve)
     seconds = {
         "fine_tune": tuned["seconds"] if tuned else 0.0,
         Embedder.name: round(t_embed, 1),  # the embed stage's time, keyed by its name
@@ -344,8 +381,9 @@ def train(
     record = _training_record(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
+    record[CALIBRATION_KEY] = calibration
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    (out / METRICS_FILE).write_text(json.dumps({"split": "holdout", **result}, indent=2) + "\n")
+    write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result
 
 
@@ -365,6 +403,7 @@ def evaluate(
     """Metrics of the classifier in ``model_dir`` on a labelled file, with the encoder of
     :func:`encoder_for_head`; a head trained on another encoder's embeddings is refused."""
     from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.offline.calibration import ece
     from docintel.pipeline.stages.classify import Classifier, check_head_encoder
 
     texts, raw = load_labelled(data)
@@ -382,5 +421,32 @@ def evaluate(
         )
     index = {n: i for i, n in enumerate(clf.labels)}
     x, _ = embed_texts(texts, embed_cfg)
-    pred = clf.predict(x).argmax(axis=1)
-    return metrics(np.array([index[lb] for lb in labels]), pred, clf.labels)
+    probs = clf.predict(x)  # calibrated: the head's temperature applied
+    y = np.array([index[lb] for lb in labels])
+    return {**metrics(y, probs.argmax(axis=1), clf.labels), "ece": ece(probs, y)}
+
+
+def recalibrate(
+    model_dir: Path, data: Path, embed_cfg: EmbedConfig, label_names: list[str] | None = None
+) -> dict[str, Any]:
+    """Fit the temperature of an already trained head on its own hold-out (``data`` is the
+    file it was trained on; the split is redrawn with its recorded seed) and store it in
+    its training.json, as `docintel train` does for a new head; returns the record."""
+    from docintel.pipeline.config import ClassifyConfig
+    from docintel.pipeline.offline.calibration import calibration_record
+    from docintel.pipeline.stages.classify import Classifier, check_head_encoder
+
+    clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))
+    clf.setup()
+    _, training = read_classifier_meta(model_dir)
+    c = _classes(data, label_names or clf.labels, int(training.get("seed", SEED)))
+    if len(c.hold) != training.get("holdout_rows", len(c.hold)):
+        raise InputError(f"{data} does not redraw the hold-out {model_dir} was trained with")
+    embed_cfg = encoder_for_head(model_dir, embed_cfg)
+    check_head_encoder(model_dir, embed_cfg.resolved_model_path())
+    x, _ = embed_texts([c.texts[i] for i in c.hold], embed_cfg)
+    clf.temperature = 1.0  # the head's own probabilities
+    record = calibration_record(clf.predict(x), c.y[c.hold], "holdout")
+    training[CALIBRATION_KEY] = record
+    (model_dir / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
+    return record

@@ -1,7 +1,8 @@
 """Sentence labels from a Keras classifier over the embeddings: Keras itself (TensorFlow
 backend; GPU replicas, or ``[classify] cpu_runtime = "keras"``), or the same head as an ONNX
 graph on ONNX Runtime without TensorFlow in the process: fp32 on CPU replicas (the
-default), int8 on CPU spill replicas."""
+default), int8 on CPU spill replicas. Every runtime applies the head's temperature (its
+training.json, ``calibration``) to what its graph outputs, with the same numpy code."""
 
 from __future__ import annotations
 
@@ -38,6 +39,28 @@ from docintel.pipeline.schema import (
 from docintel.pipeline.stages.base import Placement, Stage
 from docintel.pipeline.stages.onnx_session import onnx_session
 from docintel.pipeline.versions import fingerprint
+
+CALIBRATION_KEY = "calibration"  # training.json: {"method": "temperature", "temperature": T}
+_EPS = 1e-12  # log(0) guard
+
+
+def apply_temperature(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """``softmax(log(probs) / temperature)`` row by row (float32); T = 1 returns probs."""
+    if temperature == 1.0 or len(probs) == 0:
+        return probs
+    logits = np.log(np.clip(probs.astype(np.float64), _EPS, None)) / temperature
+    logits -= logits.max(axis=1, keepdims=True)
+    e = np.exp(logits)
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def temperature_of(training: dict[str, Any], where: str = "training.json") -> float:
+    """The temperature a head's training record stores (1.0 when uncalibrated)."""
+    cal = training.get(CALIBRATION_KEY) or {}
+    t = cal.get("temperature", 1.0)
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < float("inf"):
+        raise ModelError(f"{where}: calibration temperature {t!r} is not a positive number")
+    return float(t)
 
 
 def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
@@ -132,10 +155,12 @@ class Classifier(Stage):
         self.placement = placement or Placement()
         self.model: Any = None
         self.labels: list[str] = []
+        self.temperature = 1.0  # the head's calibration (training.json), read by setup
 
     def setup(self) -> None:
         model_dir = self.cfg.resolved_model_dir()
-        self.labels, _ = read_classifier_meta(model_dir)
+        self.labels, training = read_classifier_meta(model_dir)
+        self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
         self.backend = configure_tf(self.placement)
         self.model = load_keras(model_dir / CLASSIFIER_MODEL_FILE, self.threads)
         n_out = int(self.model.output_shape[-1])
@@ -154,7 +179,14 @@ class Classifier(Stage):
             np.asarray(self.model(x[i : i + self.cfg.batch_size], training=False))
             for i in range(0, len(x), self.cfg.batch_size)
         ]
-        return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), np.float32)
+        return self._calibrated(parts)
+
+    def _calibrated(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The graph's probabilities of every batch, with the head's temperature applied
+        (the same numpy code after every runtime: arg-max unchanged)."""
+        if not parts:
+            return np.zeros((0, len(self.labels)), np.float32)
+        return apply_temperature(np.concatenate(parts), self.temperature)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         emb = table[EMBEDDING].combine_chunks()
@@ -206,7 +238,8 @@ class OnnxClassifier(Classifier):
 
     def setup(self) -> None:
         model_dir = self.cfg.resolved_model_dir()
-        self.labels, _ = read_classifier_meta(model_dir)
+        self.labels, training = read_classifier_meta(model_dir)
+        self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
         path = self.artefact_path()
         what = f"the {self.precision} classifier {path}"
         if not path.is_file():
@@ -254,7 +287,7 @@ class OnnxClassifier(Classifier):
             self.session.run([self.output_name], {self.input_name: x[i : i + step]})[0]
             for i in range(0, len(x), step)
         ]
-        return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), np.float32)
+        return self._calibrated(parts)
 
     def teardown(self) -> None:
         self.session = None

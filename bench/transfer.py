@@ -1,0 +1,122 @@
+"""Benchmark: in-domain vs style-transfer scores of classifier candidates, with ECE.
+
+Each candidate is a classifier folder (a head, and for a fine-tuned model its encoder/).
+Scored on ``sent_valid.csv`` (never trained on), split by style with the rule of
+data/make_transfer.py: the news-style rows (``sent_valid_newsstyle.csv``: no cashtag,
+link, mention, hashtag or emoji; the transfer check) and the rest (tweet-style). The
+embeddings come from the embed stage, the probabilities from the classify stage (Keras,
+the head's temperature applied). Reported per candidate: macro-F1 on all of
+sent_valid.csv (in-domain), on the news-style rows (transfer) and on the tweet-style rows;
+ECE (10 bins) before and after the head's temperature; MB shipped.
+
+    .venv/bin/python bench/transfer.py stock=models/finsent:stock lora=models/finsent_ft \\
+        --json /tmp/transfer.json
+
+A candidate is NAME=FOLDER[:ENCODER] (ENCODER: "stock" or a folder; default FOLDER/encoder
+when it exists). ``--recalibrate`` first fits the temperature of each head on its own
+hold-out of sent_train.csv and writes it into its training.json; ``--write-metrics``
+rewrites its metrics.json as `docintel train --score-on sent_valid.csv --score-on
+sent_valid_newsstyle.csv` would (top-level ``ece``: sent_valid.csv's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from finetune import shipped_mb  # noqa: E402
+
+TRAIN = REPO / "data" / "twitter_fin_sentiment" / "sent_train.csv"
+VALID = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
+NEWS = REPO / "data" / "twitter_fin_sentiment" / "sent_valid_newsstyle.csv"
+LABELS = ["Bearish", "Bullish", "Neutral"]
+
+
+def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, Any]:
+    from docintel.pipeline.config import ClassifyConfig, EmbedConfig
+    from docintel.pipeline.offline.calibration import ece
+    from docintel.pipeline.offline.metrics import metrics
+    from docintel.pipeline.offline.train import embed_texts, encoder_for_head, load_labelled
+    from docintel.pipeline.offline.train import write_metrics as write_holdout_metrics
+    from docintel.pipeline.stages.classify import Classifier, apply_temperature
+
+    texts, raw = load_labelled(VALID)
+    news = set(load_labelled(NEWS)[0])
+    y = np.array([int(v) for v in raw])
+    is_news = np.array([t in news for t in texts])
+    cfg = encoder_for_head(folder, EmbedConfig(model_path=encoder))
+    clf = Classifier(ClassifyConfig(model_dir=str(folder)))
+    clf.setup()
+    t0 = time.perf_counter()
+    x, _ = embed_texts(texts, cfg)
+    temperature, clf.temperature = clf.temperature, 1.0
+    p_raw = clf.predict(x)
+    p = apply_temperature(p_raw, temperature)
+    pred = p.argmax(1)
+
+    def f1(rows: np.ndarray) -> float:
+        return round(metrics(y[rows], pred[rows], LABELS)["macro_f1"], 4)
+
+    if write_metrics:  # metrics.json as `docintel train --score-on VALID --score-on NEWS`
+        holdout = json.loads((folder / "metrics.json").read_text())
+        for key in ("split", "ece", "ece_split", "ece_holdout", "evaluations"):
+            holdout.pop(key, None)
+        training = json.loads((folder / "training.json").read_text())
+        holdout["ece"] = training["calibration"]["ece_after"]
+        scored = {
+            f.name: {**metrics(y[rows], pred[rows], LABELS), "ece": ece(p[rows], y[rows])}
+            for f, rows in ((VALID, np.ones(len(y), bool)), (NEWS, is_news))
+        }
+        write_holdout_metrics(folder, holdout, scored)
+    return {
+        "folder": str(folder),
+        "in_domain_macro_f1": f1(np.ones(len(y), bool)),
+        "transfer_macro_f1": f1(is_news),
+        "tweet_style_macro_f1": f1(~is_news),
+        "n": {"all": len(y), "news_style": int(is_news.sum())},
+        "temperature": temperature,
+        "ece_raw": round(ece(p_raw, y), 4),
+        "ece": round(ece(p, y), 4),
+        "max_prob_ge_0999": round(float((p.max(1) >= 0.999).mean()), 4),
+        "mb": round(shipped_mb(folder), 2),
+        "score_seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("candidates", nargs="+", help="NAME=FOLDER[:ENCODER]")
+    ap.add_argument("--recalibrate", action="store_true")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--write-metrics",
+        action="store_true",
+        help="rewrite each folder's metrics.json with its sent_valid / news-style scores",
+    )
+    args = ap.parse_args()
+    from docintel.pipeline.config import EmbedConfig
+    from docintel.pipeline.offline.train import recalibrate
+
+    rows = {}
+    for spec in args.candidates:
+        name, _, where = spec.partition("=")
+        folder, _, encoder = where.partition(":")
+        if args.recalibrate:
+            cfg = EmbedConfig(model_path=encoder)
+            print(name, recalibrate(REPO / folder, TRAIN, cfg, LABELS), flush=True)
+        rows[name] = score(REPO / folder, encoder, args.write_metrics)
+        print(name, json.dumps(rows[name]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
