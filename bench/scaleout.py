@@ -62,6 +62,7 @@ from docintel.actors.cluster import actor_name  # noqa: E402 - after the sys.pat
 from docintel.actors.runner import execute  # noqa: E402
 from docintel.pipeline.config import Config, load_config  # noqa: E402
 from docintel.pipeline.output import RunSummary  # noqa: E402
+from docintel.pipeline.source import MAX_BATCH_DOCS  # noqa: E402
 
 STAGES = ("sentencize", "embed", "classify")
 CORES = (0, 1)  # stand-in GPU node i runs on core CORES[i % 2]
@@ -76,9 +77,14 @@ STEADY_CUT = 0.1
 FRAMEWORK_LIBS = {"torch": "libtorch_cpu", "tensorflow": "libtensorflow_framework"}
 
 
-def corpus(folder: Path, batches: int, batch: int) -> Path:
-    """``batches`` x ``batch`` documents of the demo corpus (repeated, unique ids)."""
+def corpus(folder: Path, batches: int, batch: int, short: bool = False) -> Path:
+    """``batches`` x ``batch`` documents of the demo corpus (repeated, unique ids), or of
+    one-sentence news lines (``short``: bench/driver_cost.py's corpus)."""
     docs = batches * batch
+    if short:
+        from bench.driver_cost import corpus as short_corpus
+
+        return short_corpus(folder, docs, "short")
     table = repeated_demo(-(-docs // DEMO_DOCS)).slice(0, docs)
     path = folder / f"corpus-{batches}.parquet"
     # no dictionary: the footers' sizes are then the texts' (an "auto" batch size is cut
@@ -92,8 +98,12 @@ def docs_per_batch(args: argparse.Namespace) -> int:
     ``--batch-bytes`` of the demo corpus's text (one batch per row group)."""
     if args.batch != "auto":
         return int(args.batch)
-    texts = repeated_demo(1).column("text").to_pylist()
-    return max(1, int(args.batch_bytes / (sum(len(t.encode()) for t in texts) / len(texts))))
+    if args.short_docs:
+        from bench.driver_cost import SENTENCES as texts
+    else:
+        texts = repeated_demo(1).column("text").to_pylist()
+    mean = sum(len(t.encode()) + 4 for t in texts) / len(texts)  # + the number in each
+    return min(MAX_BATCH_DOCS, max(1, int(args.batch_bytes / mean)))
 
 
 def config(run_id: str, n: int, args: argparse.Namespace) -> Config:
@@ -192,7 +202,7 @@ def run_size(n: int, args: argparse.Namespace, folder: Path) -> Result:
 
 def _measure(sim: SimCluster, n: int, args: argparse.Namespace, folder: Path) -> Result:
     batches = args.per_gpu_batches * n
-    inp = corpus(folder, batches, docs_per_batch(args))
+    inp = corpus(folder, batches, docs_per_batch(args), args.short_docs)
     run_id = f"scale{n}"
     cfg = config(run_id, n, args)
     driver = psutil.Process()
@@ -313,6 +323,11 @@ def main() -> None:
     ap.add_argument("--batch", default="32", help='documents per batch, or "auto"')
     ap.add_argument(
         "--batch-bytes", type=int, default=1 << 20, help="text per batch with --batch auto"
+    )
+    ap.add_argument(
+        "--short-docs",
+        action="store_true",
+        help="one-sentence documents (exact with --model-sentencize) instead of the demo's",
     )
     ap.add_argument(
         "--model-sentencize",
