@@ -486,6 +486,9 @@ class FaultsConfig(_Strict):
     # Iceberg output: the N-th table commit of a run raises after it succeeded (a lost
     # answer from the catalog), once; 0 = off.
     sink_commit_lost: int = Field(0, ge=0)
+    # Iceberg output: from the N-th table commit attempt of a run on, the catalog cannot
+    # be reached (every append raises before anything lands); 0 = off.
+    sink_catalog_down: int = Field(0, ge=0)
 
 
 class JobConfig(_Strict):

@@ -153,6 +153,7 @@ class _Driver:
         default_factory=lambda: {t: [] for t in TABLES}
     )
     commits: int = 0  # table appends this invocation (the fault counts them)
+    attempts: int = 0  # table append attempts this invocation (a fault counts them)
     lost_answers: int = 0  # appends that raised after landing, found by their batch ids
     groups: int = 0
     commit_seconds: float = 0.0  # reading staged parts, writing data files, committing
@@ -177,6 +178,7 @@ class IcebergSink(RunSink):
         self.run_id = cfg.run.run_id
         self.target_bytes = int(cfg.run.part_target_mb * 2**20)
         self.lose_commit = cfg.faults.sink_commit_lost
+        self.catalog_down = cfg.faults.sink_catalog_down
         self._d: _Driver | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -479,6 +481,7 @@ class IcebergSink(RunSink):
                 self.d.snapshots[name].append(_snapshot_record(landed))
                 return
             try:
+                self._unreachable()
                 table.append(data, snapshot_properties=props)
                 self._fault()
             except ValueError as e:  # the rows do not fit the table: no retry helps
@@ -522,6 +525,13 @@ class IcebergSink(RunSink):
             if want & set(json.loads(snap.summary.additional_properties[BATCHES_KEY])):
                 return snap
         return None
+
+    def _unreachable(self) -> None:
+        """Tests ([faults] sink_catalog_down = N): from the N-th append attempt on, the
+        catalog cannot be reached; nothing lands."""
+        self.d.attempts += 1
+        if self.catalog_down and self.d.attempts >= self.catalog_down:
+            raise ConnectionError("injected fault ([faults] sink_catalog_down): no catalog")
 
     def _fault(self) -> None:
         """Tests ([faults] sink_commit_lost = N): the N-th append raises after landing."""

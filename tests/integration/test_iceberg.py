@@ -23,7 +23,7 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.pipeline.config import load_config
-from docintel.pipeline.errors import ConfigError, UsageError
+from docintel.pipeline.errors import ConfigError, RunFailed, UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
 from docintel.pipeline.sink_iceberg import BATCHES_KEY, RUN_ID_KEY, IcebergSink
 from tests.conftest import REPO, run_config, write_docs
@@ -264,3 +264,26 @@ def test_credentials_in_the_catalog_are_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == ExitCode.USAGE
     assert secret not in done.stdout + done.stderr and "catalog" in done.stdout + done.stderr
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_catalog_lost_mid_run_fails_the_run_resumable_with_nothing_lost(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    """The catalog goes away after two groups: the appends are retried, then the run fails
+    (exit 1, resumable) with the committed groups intact; the resume commits the rest, every
+    document exactly once."""
+    inp, ids = _corpus(tmp_path, headlines, 12)
+    out = tmp_path / "wh"
+    base = {**ICEBERG, "run.run_id": "down", "run.part_target_mb": 0}
+    # every batch its own group, two tables with rows: attempts 1-4 land, then no catalog
+    with pytest.raises(RunFailed) as caught:
+        execute(run_config(**base, **{"faults.sink_catalog_down": 5}), str(inp), str(out))
+    assert exit_code(caught.value) == ExitCode.FAILED
+    assert "--run-id down" in str(caught.value)
+    committed = _run_snapshots(out, "documents", "down")
+    assert len(committed) == 2 and not (out / "_runs" / "down" / "_manifest.json").exists()
+    summary = execute(run_config(**base), str(inp), str(out))
+    assert summary.batches + summary.skipped_batches == 3 and summary.skipped_batches >= 2
+    _exactly_once(out, ids)
+    assert len(_run_snapshots(out, "documents", "down")) == 3
