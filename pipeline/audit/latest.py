@@ -43,9 +43,9 @@ from docintel.pipeline.audit.state import (
     write_json,
 )
 from docintel.pipeline.audit.tables import NightTables
-from docintel.pipeline.tables import Part, plain
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL
 from docintel.pipeline.sink import PART, SUFFIX, atomic_write, part_files
+from docintel.pipeline.tables import Part, plain
 
 LATEST_DIR = "latest"
 LATEST_MARKER = "_latest.json"

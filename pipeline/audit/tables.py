@@ -20,9 +20,9 @@ from collections.abc import Callable
 from docintel.pipeline import registry
 from docintel.pipeline.audit.state import AuditLayout
 from docintel.pipeline.config import Config
-from docintel.pipeline.tables import IcebergRun, ParquetRun, RunTables
 from docintel.pipeline.sink import MANIFEST, RUN_STATE
 from docintel.pipeline.sink_iceberg import IcebergSink
+from docintel.pipeline.tables import IcebergRun, ParquetRun, RunTables
 
 NightTables = Callable[[str], RunTables]  # a night's date -> its run's tables
 

@@ -38,9 +38,9 @@ from docintel.pipeline.report.review import (
     review_csv,
     review_sections,
 )
-from docintel.pipeline.tables import ParquetRun, RunTables
 from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.sink import atomic_write
+from docintel.pipeline.tables import ParquetRun, RunTables
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
