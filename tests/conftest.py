@@ -34,7 +34,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def sigkill_after_parts(
-    cmd: list[str], parts: Path, n: int, env: dict[str, str] | None = None, timeout: float = 300
+    cmd: list[str],
+    parts: Path,
+    n: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    pattern: str = "part-*.parquet",
 ) -> int:
     """Start ``cmd`` (a driver), SIGKILL it once ``parts`` holds ``n`` committed part files.
 
@@ -50,7 +55,7 @@ def sigkill_after_parts(
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             tree = psutil.Process(proc.pid).children(recursive=True)
-            if parts.is_dir() and len(list(parts.glob("part-*.parquet"))) >= n:
+            if parts.is_dir() and len(list(parts.glob(pattern))) >= n:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, f"driver ended before the kill: {proc.stderr.read()[-2000:]}"
@@ -60,7 +65,7 @@ def sigkill_after_parts(
         for p in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-    return len(list(parts.glob("part-*.parquet")))
+    return len(list(parts.glob(pattern)))
 
 
 def write_docs(

@@ -22,8 +22,9 @@ from docintel.pipeline.audit import AuditSummary, run_audit
 from docintel.pipeline.errors import UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
 from docintel.pipeline.sink_iceberg import BATCHES_KEY, RUN_ID_KEY
+from tests.conftest import sigkill_after_parts
 from tests.integration.test_audit import _cfg, _texts, _write
-from tests.integration.test_iceberg import _catalog, _kill_after_commits
+from tests.integration.test_iceberg import _catalog
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -152,7 +153,7 @@ def test_a_sigkilled_night_resumes_without_duplicates(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the job starts a Ray of its own
     cmd = [sys.executable, "-m", "docintel.jobs.nightly_audit", "--config", str(config),
            "--date", D1]  # fmt: skip
-    _kill_after_commits(cmd, out / "docintel" / "documents" / "data", 3)
+    sigkill_after_parts(cmd, out / "docintel" / "documents" / "data", 3, pattern="*.parquet")
     assert not (out / "_runs" / f"audit-{D1}" / "_manifest.json").exists()
     assert not (out / "_audit" / "state.json").exists()
     committed = len(_snapshots(out, "documents"))

@@ -5,18 +5,13 @@ incompatible table, credentials in the catalog URI, the wrong kind of OUTPUT).""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
@@ -26,7 +21,7 @@ from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import ConfigError, RunFailed, UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
 from docintel.pipeline.sink_iceberg import BATCHES_KEY, RUN_ID_KEY, IcebergSink
-from tests.conftest import REPO, run_config, write_docs
+from tests.conftest import REPO, run_config, sigkill_after_parts, write_docs
 
 ICEBERG = {"output.format": "iceberg", "run.embeddings": True}
 DIM = 384  # the MiniLM encoder's embedding size
@@ -145,28 +140,6 @@ def test_a_commit_whose_answer_was_lost_is_not_repeated(
         assert len(snaps) == 3 and sorted(batches) == sorted(set(batches))
 
 
-def _kill_after_commits(cmd: list[str], data: Path, n: int, timeout: float = 300) -> None:
-    """Start the driver; SIGKILL it (and its embedded Ray) once ``data`` holds ``n`` files."""
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    deadline = time.monotonic() + timeout
-    tree: list[psutil.Process] = []
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-            if data.is_dir() and len(list(data.glob("*.parquet"))) >= n:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"driver ended before the kill: {proc.stderr.read()[-2000:]}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        for p in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-
-
 @pytest.mark.usefixtures("ray_cluster")
 def test_sigkill_then_resume_every_document_once(tmp_path: Path, headlines: list[str]) -> None:
     inp, ids = _corpus(tmp_path, headlines, 40)
@@ -176,7 +149,8 @@ def test_sigkill_then_resume_every_document_once(tmp_path: Path, headlines: list
     cmd = [sys.executable, "-m", "docintel.jobs.cli", "run", str(inp), str(out), "--config",
            str(conf), "--run-id", "crash", "--batch-size", "2", "--num-cpus", "2",
            "--no-progress"]  # fmt: skip
-    _kill_after_commits(cmd, out / "docintel" / "documents" / "data", 3)
+    # SIGKILL the driver (and its embedded Ray) once three documents data files exist
+    sigkill_after_parts(cmd, out / "docintel" / "documents" / "data", 3, pattern="*.parquet")
     assert not (out / "_runs" / "crash" / "_manifest.json").exists()
     committed = len(_run_snapshots(out, "documents", "crash"))
     # a data file is written before its commit: the kill may land between the two
