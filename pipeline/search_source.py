@@ -31,6 +31,7 @@ from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.sink import ICEBERG_MARKERS, MANIFEST, read_json
+from docintel.pipeline.sink_iceberg import RUNS
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 from docintel.pipeline.tables import IcebergRun, ParquetRun, RunTables
 
@@ -45,7 +46,7 @@ def _iceberg_run(fs: pafs.FileSystem, root: str, cfg: Config, run_id: str | None
     """The run ``run_id`` of the warehouse ``root``, else its latest committed run."""
     if not run_id:
         runs = []
-        for info in fs.get_file_info(pafs.FileSelector(f"{root}/_runs", allow_not_found=True)):
+        for info in fs.get_file_info(pafs.FileSelector(f"{root}/{RUNS}", allow_not_found=True)):
             manifest = read_json(fs, f"{info.path}/{MANIFEST}")
             if info.type == pafs.FileType.Directory and manifest is not None:
                 runs.append((str(manifest.get("finished") or ""), info.base_name))
