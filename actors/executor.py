@@ -7,7 +7,9 @@ grants a replica slot (pipeline/dispatch.py: GPU first, CPU when the GPU replica
 saturated, else the batch waits here); at most ``max_batches`` batches are between read
 and write at once, so memory stays bounded whatever the corpus size. The driver tells the
 dispatcher when it submitted and when it saw each call finish, which is how the policy
-learns each replica's service time.
+learns each replica's service time. A batch spilled to a CPU pool may run there as
+slices, joined by the step after (pipeline/slices.py): the executor cuts the call, queues
+the slices for CPU slots, and hands the next step every slice's ref once all finished.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
 from docintel.pipeline.pieces import Pieces, Split, passed_on, piece_id, take
 from docintel.pipeline.sink import BatchStats, RunSink
+from docintel.pipeline.slices import SliceSizer, join
 from docintel.pipeline.source import WorkUnit, read_unit
 
 READ = "read"
@@ -50,9 +53,14 @@ def _read(fs: Any, unit: WorkUnit, id_col: str, text_col: str, batch_size: int) 
 _read_task = ray.remote(_read)
 
 
-def _write(sink: RunSink, batch: Batch | Pieces | Split, piece: int = -1) -> BatchStats | Split:
+def _write(
+    sink: RunSink, batch: Batch | Pieces | Split, piece: int = -1, *more: Batch | Split
+) -> BatchStats | Split:
     """A write task: the run's sink (resolved from its ref) writes one finished batch (a
-    batch that split: the :class:`Split` marker, for the driver to hand out its pieces)."""
+    batch that split: the :class:`Split` marker, for the driver to hand out its pieces;
+    ``more``: the last stage ran as slices, joined first)."""
+    if more:
+        batch = join((batch, *more))  # type: ignore[arg-type]
     marker = passed_on(batch, piece)
     return marker if marker is not None else sink.write(take(batch, piece))
 
@@ -70,6 +78,24 @@ class _Flight:
     split_ref: ray.ObjectRef | None = None  # the splitting stage's result (its pieces)
 
 
+@dataclass
+class _Sliced:
+    """One stage call of a batch run as ``k`` slices on the CPU pool (pipeline/slices.py):
+    the slices' result refs, in order, as they finish; the next step gets all of them."""
+
+    flight: _Flight
+    stage: str
+    k: int
+    refs: list[ray.ObjectRef | None]
+    left: int
+
+
+# what a queued step is given: one ref, or the refs of a sliced call's results
+Input = ray.ObjectRef | tuple[ray.ObjectRef, ...]
+# a call in flight: its batch, its step, the replica (None: read/write), the slice it is
+Call = tuple[_Flight, str, Replica | None, tuple[_Sliced, int] | None]
+
+
 @dataclass(frozen=True)
 class Sink:
     """The run's sink (pipeline/sink.py), put in the object store once per run: each write
@@ -82,8 +108,8 @@ class Sink:
         return cls(ray.put(sink))
 
 
-class _Pending(dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]]):
-    """The calls in flight (ref -> (flight, step, replica)), with the list of their refs
+class _Pending(dict[ray.ObjectRef, Call]):
+    """The calls in flight (ref -> :data:`Call`), with the list of their refs
     kept in step (swap-remove, O(1) per event) for ``ray.wait``: the list is never rebuilt
     from every pending ref as batches come and go."""
 
@@ -92,13 +118,13 @@ class _Pending(dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]]):
         self.refs: list[ray.ObjectRef] = []
         self._at: dict[ray.ObjectRef, int] = {}
 
-    def __setitem__(self, ref: ray.ObjectRef, value: tuple[_Flight, str, Replica | None]) -> None:
+    def __setitem__(self, ref: ray.ObjectRef, value: Call) -> None:
         if ref not in self._at:
             self._at[ref] = len(self.refs)
             self.refs.append(ref)
         super().__setitem__(ref, value)
 
-    def pop(self, ref: ray.ObjectRef) -> tuple[_Flight, str, Replica | None]:  # type: ignore[override]
+    def pop(self, ref: ray.ObjectRef) -> Call:  # type: ignore[override]
         i = self._at.pop(ref)
         last = self.refs.pop()
         if i < len(self.refs):
@@ -111,7 +137,7 @@ class _Pending(dict[ray.ObjectRef, tuple[_Flight, str, Replica | None]]):
 class _Loop:
     """The executor loop's state for one run."""
 
-    queues: dict[str, deque[tuple[_Flight, ray.ObjectRef, float]]]
+    queues: dict[str, deque[tuple[_Flight, Input, float]]]
     todo: Iterator[WorkUnit]  # units not yet admitted
     skip: set[str]  # batches committed by an earlier invocation
     unit: WorkUnit | None = None  # the next unit to admit
@@ -136,6 +162,7 @@ class Executor:
         metrics: RunMetrics | None = None,
         wake: Callable[[], list[ray.ObjectRef]] | None = None,
         split_stage: str | None = None,
+        slicing: bool = True,
     ) -> None:
         self.actors = actors  # replica key -> actor handle
         self.dispatcher = dispatcher
@@ -171,12 +198,23 @@ class Executor:
         # once the input is exhausted: pipeline/dispatch.py, rule 4), kept up to date as
         # batches are admitted, submitted and retried: O(1) per event.
         self.unsubmitted: Counter[str] = Counter()
+        # Spilled calls cut into slices sized for the CPU replica (pipeline/slices.py):
+        # per stage, the slices waiting for a CPU slot, and how many slices a batch gets.
+        self.slicing = slicing
+        self.sizer = SliceSizer()
+        # the read and write tasks with their options, made once (not per batch)
+        self._write_remote = _write_task.options(**task_options(io_cpus))
+        self._read_remotes: dict[int, Any] = {}
+        self.slice_queue: dict[str, deque[tuple[_Sliced, int, Input]]] = {
+            s: deque() for s in self.stages
+        }
 
     def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
-        opts = task_options(self.io_cpus, num_returns=len(unit.batch_ids))
-        refs = _read_task.options(**opts).remote(
-            self.source_fs, unit, self.id_column, self.text_column, self.batch_size
-        )
+        n = len(unit.batch_ids)
+        read = self._read_remotes.get(n)
+        if read is None:
+            read = self._read_remotes[n] = _read_task.options(**task_options(self.io_cpus, n))
+        refs = read.remote(self.source_fs, unit, self.id_column, self.text_column, self.batch_size)
         return [refs] if len(unit.batch_ids) == 1 else list(refs)
 
     def run(
@@ -230,7 +268,7 @@ class Executor:
                 # a batch enters the first stage's queue when its read finished, so the
                 # dispatcher times replica calls, not reads
                 flight = _Flight(batch_id, ref)
-                st.pending[ref] = (flight, READ, None)
+                st.pending[ref] = (flight, READ, None, None)
                 st.live[batch_id] = flight
                 st.admitted += 1
                 self.unsubmitted.update(self.stages)
@@ -267,12 +305,17 @@ class Executor:
     def _settle(self, ready: list[ray.ObjectRef], st: _Loop, now: float) -> list[BatchStats]:
         """Move finished calls on to their next stage; the batches written."""
         written, queues = [], st.queues
-        for ref in ready:
-            flight, stage, replica = st.pending.pop(ref)
+        for done in ready:
+            flight, stage, replica, part = st.pending.pop(done)
+            ref: Input | None = done
             if replica is not None:
-                self.dispatcher.release(replica, now)
+                sample = self.dispatcher.release(replica, now)
                 if self.metrics:
                     self.metrics.call_done(stage, replica.pool, self._spilled(replica))
+                if part is not None:
+                    ref = self._slice_done(part, done, sample)
+            if ref is None:
+                continue  # other slices of the call still running
             if stage != WRITE:
                 if stage == self.split_stage and flight.piece < 0:
                     flight.split_ref = ref  # its pieces, if it split (the write says)
@@ -307,17 +350,34 @@ class Executor:
             self.unsubmitted.update(later)
             st.queues[nxt].append((piece, ref, now))
 
-    def _call(self, stage: str, flight: _Flight, ref: ray.ObjectRef, handle: Any) -> Any:
-        """One replica call (the step after the splitting stage names the piece it serves)."""
-        if stage == self.takes_piece and flight.piece >= 0:
-            return handle.process.remote(ref, flight.piece)
-        return handle.process.remote(ref)
+    def _slice_done(
+        self, part: tuple[_Sliced, int], ref: ray.ObjectRef, sample: float | None
+    ) -> tuple[ray.ObjectRef, ...] | None:
+        """A slice of a sliced call finished: the refs of every slice once all have."""
+        sliced, i = part
+        if sample is not None:
+            self.sizer.note(sliced.stage, sample, sliced.k)
+        sliced.refs[i] = ref
+        sliced.left -= 1
+        return tuple(sliced.refs) if sliced.left == 0 else None  # type: ignore[arg-type]
+
+    def _piece(self, step: str, flight: _Flight) -> int:
+        """The piece a call of ``step`` serves: the step after the splitting stage is told."""
+        return flight.piece if step == self.takes_piece else -1
+
+    def _call(self, stage: str, flight: _Flight, ref: Input, handle: Any) -> Any:
+        """One replica call on ``ref`` (a sliced previous stage: all its slices' refs)."""
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        return handle.process.remote(refs[0], self._piece(stage, flight), *refs[1:])
 
     def _dispatch(self, queues: dict[str, deque], pending: dict, now: float) -> None:
         for stage in self.stages:
             q = queues[stage]
             if stage not in self.opened and self.dispatcher.pools[stage]:
                 self.opened[stage] = now  # its replicas joined (models loaded)
+            self._dispatch_slices(stage, pending, now)
+            if q and self.slicing:
+                self._size_slices(stage)
             while q:
                 replica = self.dispatcher.acquire(stage, now)
                 if replica is None:
@@ -330,15 +390,58 @@ class Executor:
                 if self.first_call is None:
                     self.first_call = time.perf_counter()
                 self.held_s[stage] += now - ready_at
+                k = self.dispatcher.slices.get(stage, 1)
+                if k > 1 and self._spilled(replica) and stage != self.split_stage:
+                    self._slice(stage, flight, ref, k, replica, pending)
+                    self._dispatch_slices(stage, pending, now)
+                    continue
                 out = self._call(stage, flight, ref, self.actors[replica.key])
-                pending[out] = (flight, stage, replica)
+                pending[out] = (flight, stage, replica, None)
         q = queues[WRITE]
         while q:
             flight, ref, _ = q.popleft()
-            piece = flight.piece if self.takes_piece == WRITE else -1
-            opts = task_options(self.io_cpus)
-            out = _write_task.options(**opts).remote(self.sink.ref, ref, piece)
-            pending[out] = (flight, WRITE, None)
+            refs = ref if isinstance(ref, tuple) else (ref,)
+            out = self._write_remote.remote(
+                self.sink.ref, refs[0], self._piece(WRITE, flight), *refs[1:]
+            )
+            pending[out] = (flight, WRITE, None, None)
+
+    def _size_slices(self, stage: str) -> None:
+        """How many slices the stage's next spilled batch gets (the dispatcher counts them
+        in its rules 1 and 4): none for a stage without both pools."""
+        pools = self.dispatcher.pools[stage]
+        gpu = [r.service_s for r in pools if r.pool == "gpu" and r.service_s is not None]
+        if stage == self.split_stage or not any(r.pool == "gpu" for r in pools):
+            return
+        gpu_s = sum(gpu) / len(gpu) if gpu else None
+        docs = self.batch_size if isinstance(self.batch_size, int) else 0
+        self.dispatcher.slices[stage] = self.sizer.slices(stage, gpu_s, docs)
+
+    def _slice(
+        self, stage: str, flight: _Flight, ref: Input, k: int, replica: Replica, pending: dict
+    ) -> None:
+        """Send a spilled call as ``k`` slices: the first on ``replica`` (its slot taken),
+        the rest queued for the CPU pool's next free slots."""
+        sliced = _Sliced(flight, stage, k, [None] * k, k)
+        self._submit_slice(sliced, 0, ref, replica, pending)
+        self.slice_queue[stage].extend((sliced, i, ref) for i in range(1, k))
+
+    def _dispatch_slices(self, stage: str, pending: dict, now: float) -> None:
+        q = self.slice_queue[stage]
+        while q:
+            replica = self.dispatcher.acquire_slice(stage, now)
+            if replica is None:
+                return
+            sliced, i, ref = q.popleft()
+            self._submit_slice(sliced, i, ref, replica, pending)
+
+    def _submit_slice(
+        self, sliced: _Sliced, i: int, ref: Input, replica: Replica, pending: dict
+    ) -> None:
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        piece = self._piece(sliced.stage, sliced.flight)
+        out = self.actors[replica.key].process_slice.remote(i, sliced.k, piece, *refs)
+        pending[out] = (sliced.flight, sliced.stage, replica, (sliced, i))
 
     def _finish(
         self, flight: _Flight, ref: ray.ObjectRef, st: _Loop, now: float

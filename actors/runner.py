@@ -115,6 +115,7 @@ def _stream(
             metrics=pools.metrics,
             wake=pools.pending_refs,
             split_stage=split_stage(cfg),
+            slicing=cfg.run.spill_slicing,
         )
 
         def record(stats: BatchStats) -> None:

@@ -15,6 +15,7 @@ from docintel.actors.metrics import report_gpu_memory
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.pieces import Pieces, Split, passed_on, split, take
 from docintel.pipeline.schema import BACKEND_GPU_BF16, BACKEND_GPU_FP16, BACKEND_GPU_FP32
+from docintel.pipeline.slices import join, slice_of
 from docintel.pipeline.stages import Stage, run_stage
 
 CUDA_BACKENDS = (BACKEND_GPU_FP16, BACKEND_GPU_BF16, BACKEND_GPU_FP32)  # not gpu-sim
@@ -48,12 +49,18 @@ class StageActor:
             "node": ray.get_runtime_context().get_node_id(),
         }
 
-    def process(self, batch: Batch | Pieces | Split, piece: int = -1) -> Batch | Pieces | Split:
+    def process(
+        self, batch: Batch | Pieces | Split, piece: int = -1, *more: Batch | Split
+    ) -> Batch | Pieces | Split:
         """Run the stage on ``batch`` (its piece ``piece``, for a split batch). The stage
         that makes sentence rows returns a result over the bound as its :class:`Pieces`;
-        the calls after it pass a :class:`Split` marker on (pipeline/pieces.py)."""
+        the calls after it pass a :class:`Split` marker on (pipeline/pieces.py). ``more``:
+        the previous stage ran as slices (pipeline/slices.py), ``batch`` and ``more`` are
+        their results, joined first."""
         if self.setup_error is not None:
             raise self.setup_error
+        if more:
+            batch = join((batch, *more))  # type: ignore[arg-type]
         marker = passed_on(batch, piece)
         if marker is not None:
             return marker
@@ -65,3 +72,17 @@ class StageActor:
             if len(pieces) > 1:
                 return Pieces(tuple(pieces))
         return out
+
+    def process_slice(
+        self, i: int, k: int, piece: int, *parts: Batch | Pieces | Split
+    ) -> Batch | Split:
+        """Slice ``i`` of ``k`` of one call (a batch spilled to this CPU pool; see
+        pipeline/slices.py); ``parts``: the input, or its slices when the previous stage
+        ran sliced too."""
+        if self.setup_error is not None:
+            raise self.setup_error
+        batch = join(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+        marker = passed_on(batch, piece)
+        if marker is not None:
+            return marker
+        return run_stage(self.stage, slice_of(take(batch, piece), i, k))

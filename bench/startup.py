@@ -3,6 +3,11 @@ actors, the first batch written. Run from the repository root with a warm artefa
 
     .venv/bin/python bench/startup.py
 
+With a Ray kept running (`ray start --head --num-cpus 2 --include-dashboard false`
+first), Ray's start leaves the run:
+
+    .venv/bin/python bench/startup.py --ray-address auto
+
 Ray's own start alone, for comparison:
 
     .venv/bin/python -c "import ray, time; t = time.perf_counter(); \
@@ -66,7 +71,10 @@ def main() -> None:
             first.append(True)
             mark("first batch written")
 
-    cfg = load_config(None, {"run.show_progress": False})
+    overrides: dict[str, Any] = {"run.show_progress": False}
+    if len(sys.argv) > 2 and sys.argv[1] == "--ray-address":  # a Ray kept running
+        overrides["run.ray_address"] = sys.argv[2]
+    cfg = load_config(None, overrides)
     s = runner.execute(cfg, str(REPO / "data/demo/documents.parquet"), str(OUT), on_batch=on_batch)
     mark("run done")
     for what, t in marks:

@@ -191,6 +191,10 @@ class RunConfig(_Strict):
     # at most this many sentences per batch: more are split into pieces, never refused
     max_batch_sentences: int = Field(DEFAULT_MAX_BATCH_SENTENCES, ge=1)
     max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
+    # A batch spilled to a stage's CPU replicas runs as slices sized for them (about one
+    # GPU call's time each), joined before the next step (pipeline/slices.py); false =
+    # the whole batch as one CPU call. Scheduling only: the output is the same.
+    spill_slicing: bool = True
     run_id: str = ""
     embeddings: bool = True
     # Parts of consecutive small batches are merged at the end of a run into files of
@@ -479,6 +483,10 @@ class FaultsConfig(_Strict):
     # With the above: model the GPU replicas of rule-based stages too (the sentencizer:
     # each document one sentence), so their CPU cost on this machine leaves a benchmark.
     gpu_model_rule_based: bool = False
+    # Benchmarks only (bench/spill_slices.py): the same for the CPU-pool replicas of the
+    # model stages (rows say ``cpu-model``), so a pool of many CPU replicas is modelled
+    # without taking this machine's cores. 0 = off.
+    cpu_model_s_per_sentence: float = Field(0.0, ge=0)
     # Seconds the replicas of this stage sleep before loading their model (a slow model
     # load, to test that the run starts without waiting for every replica).
     load_delay_stage: str = ""

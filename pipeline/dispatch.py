@@ -20,6 +20,11 @@ in Ray). The policy, per call:
    one: the run's tail is then the CPU pool's drain, not one slow GPU call started last. A
    stage that never spilled (spare GPU capacity) keeps rule 1; a stage without CPU
    replicas, or whose CPU pool is not measured yet, is not affected.
+5. **Slices.** A batch spilled to a CPU pool may run as ``slices[stage]`` calls (the
+   executor cuts it: pipeline/slices.py). Rules 1 and 4 then count the CPU pool's time for
+   all of them (list scheduling over its replicas, as ``_cpu_drain``), and the slices after
+   the first take CPU slots with ``acquire_slice``, never a GPU's, and are not batches
+   still to come in rule 4's outlook.
 
 As GPU calls finish, their replicas' queues shrink and new batches go back to the GPU.
 Expected waits come from measured service times: the driver sees each call finish, and a
@@ -117,6 +122,9 @@ class Dispatcher:
     input_done: bool = False
     remaining: dict[str, int] = field(default_factory=dict)
     spilled: set[str] = field(default_factory=set)  # stages with a CPU call beside GPUs
+    # A batch spilled to a stage's CPU pool runs as this many calls (pipeline/slices.py):
+    # rules 1 and 4 count the CPU pool's time for all of them. 1 (no entry): one call.
+    slices: dict[str, int] = field(default_factory=dict)
 
     def set_outlook(self, input_done: bool, remaining: Mapping[str, int]) -> None:
         """What is left of the run, before a dispatch round (rule 4 of the module docstring).
@@ -178,12 +186,29 @@ class Dispatcher:
             best = min(free, key=lambda r: (self._wait(r, now), -r.free, r.index))
             # The pools after this one, slots free or not: how soon they could finish it.
             later = [r for r in replicas if r.pool in SPILL_ORDER[i + 1 :]]
-            fallback = min((self._finish(r, now) for r in later), default=math.inf)
+            fallback = self._fallback(stage, later, now)
             wait = self._wait(best, now)
             # not saturated: nowhere else to go, or a known wait no longer than the fallback
             if not later or (wait < math.inf and wait <= fallback):
                 return best
         return None
+
+    def _fallback(self, stage: str, later: list[Replica], now: float) -> float:
+        """How soon the pools after the GPU's could finish the batch: one call on the
+        replica that would finish it first, or, a batch that spills as ``k`` slices, the
+        ``k`` calls spread over the pool (when every replica of it is measured)."""
+        k = self.slices.get(stage, 1)
+        services = [self.service(r) for r in later]
+        if k > 1 and later and all(s is not None for s in services):
+            return self._cpu_drain(later, services, k, now, stop=math.inf)  # type: ignore[arg-type]
+        return min((self._finish(r, now) for r in later), default=math.inf)
+
+    def acquire_slice(self, stage: str, now: float) -> Replica | None:
+        """A CPU replica for one more slice of a batch already sent to the CPU pool: the
+        one with a free slot and the earliest expected finish; None = wait for a slot."""
+        free = [r for r in self.pools[stage] if r.pool == "cpu" and r.free > 0]
+        best = min(free, key=lambda r: (self._finish(r, now), -r.free, r.index), default=None)
+        return None if best is None else self._take(best, now, count=False)
 
     def _look_ahead(self, stage: str, gpu: Replica, now: float) -> Replica | None:
         """Rule 4: ``gpu`` (rule 1's choice) if it would finish the batch no later than the
@@ -196,6 +221,7 @@ class Dispatcher:
             return gpu  # no CPU replica to drain to, or no estimate: rules 1-3 only
         gpu_finish = self._finish(gpu, now)
         todo = max(1, self.remaining.get(stage, 1))  # this batch at least
+        todo *= self.slices.get(stage, 1)  # calls, when a spilled batch is sliced
         if gpu_finish <= self._cpu_drain(cpus, services, todo, now, stop=gpu_finish):
             return gpu  # done before the CPU pool would be anyway: the tail does not grow
         free = [r for r in cpus if r.free > 0]
@@ -236,18 +262,21 @@ class Dispatcher:
             last = max(last, ends[i])
         return last
 
-    def _take(self, replica: Replica, now: float) -> Replica:
+    def _take(self, replica: Replica, now: float, count: bool = True) -> Replica:
+        """Take a slot of ``replica``; ``count``: a batch's first call of the stage (its
+        other slices are not batches still to come, for rule 4)."""
         replica.submitted.append(now)
         self.served[replica.key] += 1
         stage = replica.stage
-        if self.remaining.get(stage, 0) > 0:
+        if count and self.remaining.get(stage, 0) > 0:
             self.remaining[stage] -= 1  # submitted now: no longer remaining (set_outlook)
         if replica.pool == "cpu" and any(r.pool == "gpu" for r in self.pools[stage]):
             self.spilled.add(stage)
         return replica
 
-    def release(self, replica: Replica, now: float | None = None) -> None:
-        """One call of ``replica`` finished (or failed), observed by the driver at ``now``.
+    def release(self, replica: Replica, now: float | None = None) -> float | None:
+        """One call of ``replica`` finished (or failed), observed by the driver at ``now``;
+        its measured service time (None: no sample).
 
         The executor passes the same ``now`` for every call it saw finish in one poll; a
         replica's second call seen in the same poll gives no service-time sample (only
@@ -260,6 +289,7 @@ class Dispatcher:
         started = max(submitted, replica.last_done)
         replica.calls += 1
         replica.queued_s += max(0.0, started - submitted)
+        sample = None
         if replica.last_done != now:
             sample = max(0.0, now - started)
             replica.busy_s += sample
@@ -269,6 +299,7 @@ class Dispatcher:
                 else EWMA_ALPHA * sample + (1 - EWMA_ALPHA) * replica.service_s
             )
         replica.last_done = now
+        return sample
 
     def slots(self, stage: str) -> int:
         return sum(r.max_in_flight for r in self.pools[stage])

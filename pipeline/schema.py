@@ -35,6 +35,7 @@ BACKEND_GPU_SIM = "gpu-sim"  # a GPU replica without CUDA (logical GPUs, CI): fp
 # Benchmarks only ([faults] gpu_model_s_per_sentence): a GPU replica that computes nothing,
 # sleeps a modelled service time and writes placeholder results (bench/scaleout.py).
 BACKEND_GPU_MODEL = "gpu-model"
+BACKEND_CPU_MODEL = "cpu-model"  # the same for a CPU replica ([faults] cpu_model_s_per_sentence)
 BACKEND_CPU_FP32 = "cpu-fp32"  # the framework itself (PyTorch, Keras, spaCy) on the CPU
 # The same fp32 weights as an ONNX graph on ONNX Runtime (the default CPU embed and classify
 # path; built from the PyTorch / Keras model, which stays the source of truth).

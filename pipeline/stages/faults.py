@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from docintel.pipeline.config import Config, FaultsConfig
-from docintel.pipeline.schema import BACKEND_GPU_MODEL, DOC_ID
+from docintel.pipeline.schema import BACKEND_CPU_MODEL, BACKEND_GPU_MODEL, DOC_ID
 from docintel.pipeline.stages.base import Stage
 
 MODELLED_VERSION = "modelled"  # the model version a modelled replica reports and writes
@@ -99,21 +99,27 @@ class ModelledStage(_Standin):
     are never imported. A call sleeps ``rows x seconds_per_sentence`` (each row is one
     sentence; for the sentencizer, one document) and appends the real stage's output
     columns with the same Arrow types (the sentencizer's: each document one sentence).
-    Rows say ``gpu-model`` and ``modelled``.
+    Rows say ``gpu-model`` (``cpu-model``: a modelled CPU replica) and ``modelled``.
     """
 
     def __init__(
-        self, inner: Stage, seconds_per_sentence: float, placeholder: Placeholder, cfg: Config
+        self,
+        inner: Stage,
+        seconds_per_sentence: float,
+        placeholder: Placeholder,
+        cfg: Config,
+        backend: str = BACKEND_GPU_MODEL,
     ) -> None:
         super().__init__(inner)  # lends its name and columns only: its setup() never runs
         self.seconds_per_sentence = seconds_per_sentence
+        self.modelled_backend = backend
         self.placeholder = placeholder
         self.cfg = cfg
         self.columns: Callable[[pa.Table], dict[str, pa.Array]] | None = None
 
     def setup(self) -> None:
         self.columns = self.placeholder(self.cfg)
-        self.backend = BACKEND_GPU_MODEL
+        self.backend = self.modelled_backend
         self.version = MODELLED_VERSION
 
     def __call__(self, table: pa.Table) -> pa.Table:
@@ -131,8 +137,10 @@ def wrap(stage: Stage, cfg: Config, pool_kind: str, placeholder: Placeholder | N
     """``stage`` with the ``[faults]`` that apply to its pool; unchanged when none do."""
     faults: FaultsConfig = cfg.faults
     gpu = pool_kind == "gpu"
-    if gpu and faults.gpu_model_s_per_sentence > 0 and placeholder is not None:
-        stage = ModelledStage(stage, faults.gpu_model_s_per_sentence, placeholder, cfg)
+    modelled = faults.gpu_model_s_per_sentence if gpu else faults.cpu_model_s_per_sentence
+    if modelled > 0 and placeholder is not None:
+        backend = BACKEND_GPU_MODEL if gpu else BACKEND_CPU_MODEL
+        stage = ModelledStage(stage, modelled, placeholder, cfg, backend)
     poison = faults.poison_doc_ids if faults.poison_stage == stage.name else ()
     call_delay = faults.gpu_delay_s if gpu else 0.0
     load_delay = faults.load_delay_s if faults.load_delay_stage == stage.name else 0.0

@@ -102,3 +102,53 @@ def test_without_saturation_nothing_spills_and_nothing_queues(
         assert gpu["calls"] == len(ids) // BATCH
         assert gpu["queued_s"] == 0.0  # never a call behind another
         assert held[stage] < 0.5, held  # and never held on the driver for a slot
+
+
+def test_spilled_batches_run_as_slices_on_the_cpu_pool_exactly_once(
+    tmp_path: Path, headlines: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Batches of 256 documents spilled to a saturated GPU's CPU pool run as slices
+    (pipeline/slices.py), with a poisoned document and the CPU embed replica killed
+    mid-run: every document once, the rows of a run without slicing, and more CPU calls
+    than CPU-served batches (the slices)."""
+    import ray
+
+    from docintel.actors.cluster import actor_name
+    from tests.conftest import kill_and_await_restart
+
+    n, batch = 1_536, 256
+    inp, ids = _corpus(tmp_path, headlines, n, row_group=batch)
+    poison = [ids[700]]
+    more = {
+        "run.batch_size": batch,
+        "faults.poison_stage": "embed",
+        "faults.poison_doc_ids": poison,
+    }
+    killed: list[int | None] = []
+
+    def kill_cpu_embed_once(_stats: object) -> None:
+        if not killed:
+            handle = ray.get_actor(actor_name("slices", "embed/cpu/0"))
+            killed.extend(kill_and_await_restart(handle))
+
+    caplog.clear()
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="docintel.actors.executor"):
+        execute(_config("slices", 1.5, **more), str(inp), str(out), on_batch=kill_cpu_embed_once)
+    record = next(r for r in caplog.records if hasattr(r, "replicas"))
+    replicas = {s["replica"]: s for s in record.__dict__["replicas"]}
+    backends = json.loads((out / "_manifest.json").read_text())["backends"]
+    tables = assert_exactly_once(out, ids)
+    assert killed and killed[0] != killed[-1], "the CPU embed replica was not replaced"
+    assert tables["errors"]["doc_id"].tolist() == poison  # bisected out inside its slice
+    assert sum(backends["embed"].values()) == n // batch  # one backend per batch: joined
+    cpu_batches = backends["embed"].get("cpu-fp32-onnx", 0)
+    assert cpu_batches >= 1, backends
+    assert replicas["embed/cpu/0"]["calls"] > cpu_batches, replicas  # sliced calls
+
+    plain = tmp_path / "plain"
+    execute(_config("noslices", 1.5, **more, **{"run.spill_slicing": False}), str(inp), str(plain))
+    ref = assert_exactly_once(plain, ids)
+    cols = ["doc_id", "sent_index", "text"]
+    got = tables["sentences"][cols].sort_values(cols[:2]).reset_index(drop=True)
+    assert got.equals(ref["sentences"][cols].sort_values(cols[:2]).reset_index(drop=True))

@@ -15,7 +15,7 @@ import pytest
 
 from docintel.pipeline.config import load_config
 from docintel.pipeline.layout import build_stage, stage_layout
-from docintel.pipeline.schema import BACKEND_GPU_MODEL, TEXT
+from docintel.pipeline.schema import BACKEND_CPU_MODEL, BACKEND_GPU_MODEL, TEXT
 from docintel.pipeline.stages.classify import Classifier
 from docintel.pipeline.stages.embed import Embedder
 from docintel.pipeline.stages.faults import MODELLED_VERSION, ModelledStage
@@ -52,6 +52,18 @@ def test_only_gpu_replicas_of_the_model_stages_are_modelled() -> None:
     off = _stages(_config(seconds=0.0))
     assert isinstance(off["embed", "gpu"], Embedder)
     assert isinstance(off["classify", "gpu"], Classifier)
+
+
+def test_cpu_replicas_are_modelled_on_their_own_setting() -> None:
+    cfg = _config(seconds=0.0).with_overrides({"faults.cpu_model_s_per_sentence": 0.002})
+    built = _stages(cfg)
+    for stage in ("embed", "classify"):
+        cpu = built[stage, "cpu"]
+        assert isinstance(cpu, ModelledStage) and cpu.seconds_per_sentence == 0.002
+        cpu.setup()
+        assert cpu.backend == BACKEND_CPU_MODEL and cpu.version == MODELLED_VERSION
+    assert isinstance(built["embed", "gpu"], Embedder)  # the GPU pool is not
+    assert isinstance(built["sentencize", "cpu"], Sentencizer)  # rule-based: runs for real
 
 
 def test_outputs_match_the_real_stages_columns_and_types(embedder, classifier) -> None:
