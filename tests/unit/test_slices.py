@@ -5,11 +5,13 @@ result, and a sizer that aims each slice at one GPU call's time."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from docintel.actors.stages import StageActor
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.dispatch import Dispatcher, Replica
-from docintel.pipeline.pieces import Split
+from docintel.pipeline.pieces import Pieces, Split, split
 from docintel.pipeline.schema import DOC_ID, empty_errors
 from docintel.pipeline.slices import (
     FIRST_SLICES,
@@ -20,6 +22,7 @@ from docintel.pipeline.slices import (
     join,
     slice_of,
 )
+from docintel.pipeline.stages.base import Stage
 
 
 def _batch(sentences_per_doc: list[int]) -> Batch:
@@ -148,3 +151,47 @@ def test_slices_take_cpu_slots_without_counting_as_batches() -> None:
     assert d.acquire_slice("embed", now=0.0) is None  # both CPU slots taken: wait
     assert d.remaining["embed"] == 3  # slices are not batches still to come
     assert d.release(first, now=0.25) == pytest.approx(0.25)  # the measured service time
+
+
+class _Double(Stage):
+    """A row-wise stage: doubles column x; fails for document d3 (isolated per document)."""
+
+    name = "double"
+    input_columns = ("x",)
+    output_columns = ("y",)
+
+    def setup(self) -> None:
+        self.backend, self.version = "cpu-test", "v1"
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if "d3" in table.column(DOC_ID).to_pylist():
+            raise ValueError("bad document d3")
+        return table.append_column("y", pc.multiply(table.column("x"), 2))
+
+
+def test_the_actor_s_slices_joined_equal_its_whole_call_pieces_and_errors_included() -> None:
+    actor = StageActor(_Double())
+    batch = _batch([3, 1, 7, 2, 2, 5, 1, 1, 9, 4])
+    whole = actor.process(batch)
+    for k in (2, 5):
+        parts = tuple(actor.process_slice(i, k, -1, batch) for i in range(k))
+        joined = join(parts)
+        assert isinstance(whole, Batch) and isinstance(joined, Batch)
+        assert joined.table.equals(whole.table)  # d3's rows left out, the rest doubled
+        assert joined.errors.column(DOC_ID).to_pylist() == ["d3"]  # one error row
+        # the next stage's call joins the slices itself
+        again = actor.process(*parts[:1], -1, *parts[1:])
+        assert isinstance(again, Batch)
+        assert again.errors.column(DOC_ID).to_pylist() == ["d3"]  # carried once, not k times
+        assert again.table.num_rows == whole.table.num_rows
+    # a batch that split into pieces: a first pass passes the marker on, slice by slice;
+    # a piece's slices serve that piece
+    pieces = Pieces(tuple(split(batch, 12)))
+    assert len(pieces.pieces) > 1
+    assert join(tuple(actor.process_slice(i, 3, -1, pieces) for i in range(3))) == Split(
+        len(pieces.pieces)
+    )
+    one = join(tuple(actor.process_slice(i, 3, 1, pieces) for i in range(3)))
+    ref = actor.process(pieces, 1)
+    assert isinstance(one, Batch) and isinstance(ref, Batch)
+    assert one.batch_id == ref.batch_id and one.table.equals(ref.table)
