@@ -200,14 +200,13 @@ class Executor:
         self.unsubmitted: Counter[str] = Counter()
         # Spilled calls cut into slices sized for the CPU replica (pipeline/slices.py):
         # per stage, the slices waiting for a CPU slot, and how many slices a batch gets.
-        self.slicing = slicing
-        self.sizer = SliceSizer()
-        # the read and write tasks with their options, made once (not per batch)
-        self._write_remote = _write_task.options(**task_options(io_cpus))
-        self._read_remotes: dict[int, Any] = {}
+        self.slicing, self.sizer = slicing, SliceSizer()
         self.slice_queue: dict[str, deque[tuple[_Sliced, int, Input]]] = {
             s: deque() for s in self.stages
         }
+        # the read and write tasks with their options, made once (not per batch)
+        self._write_remote = _write_task.options(**task_options(io_cpus))
+        self._read_remotes: dict[int, Any] = {}
 
     def _launch_read(self, unit: WorkUnit) -> list[ray.ObjectRef]:
         n = len(unit.batch_ids)
