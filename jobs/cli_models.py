@@ -59,8 +59,10 @@ EpochsOpt = Annotated[
 HeadOpt = Annotated[
     str,
     typer.Option(
-        help="Classifier head: 'mlp' (an ensemble of 5 MLPs, 384-192 units) or 'linear' "
-        "(one softmax layer over the embedding)."
+        help="Classifier head: 'mlp' (an ensemble of 5 MLPs, 384-192 units), 'linear' "
+        "(one softmax layer over the embedding) or, with --fine-tune, 'joint' (the "
+        "fine-tuning's own linear layer, trained with the encoder on its unit vectors as a "
+        "cosine classifier, exported to Keras)."
     ),
 ]
 ScoreOnOpt = Annotated[
@@ -192,6 +194,26 @@ def _fine_tune_progress(show: bool) -> Progress:
     )
 
 
+def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tuple[Any, Any]:
+    """The head's and the fine-tuning's parameters (None without --fine-tune) for the
+    options; a bad combination is a usage error."""
+    from docintel.pipeline.offline.finetune import JOINT_SCALE, FineTuneParams
+    from docintel.pipeline.offline.train import HeadParams
+
+    if method not in ("full", "lora"):
+        raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
+    if head not in ("mlp", "linear", "joint"):
+        raise typer.BadParameter(f"--head {head!r}: expected 'mlp', 'linear' or 'joint'")
+    if head == "joint" and not fine_tune:
+        raise typer.BadParameter("--head joint is trained with the encoder: add --fine-tune")
+    one_layer = head in ("linear", "joint")
+    head_params = HeadParams(members=1, hidden=()) if one_layer else HeadParams()
+    if not fine_tune:
+        return head_params, None
+    scale = JOINT_SCALE if head == "joint" else 0.0
+    return head_params, FineTuneParams(method=method, epochs=epochs, cosine_scale=scale)
+
+
 def train(
     data: TrainDataArg,
     out_dir: OutDirOpt,
@@ -223,19 +245,12 @@ def train(
 
       docintel train labelled.csv --out my-model --fine-tune --encoder stock
     """
-    from docintel.pipeline.offline.finetune import FineTuneParams
-    from docintel.pipeline.offline.train import HeadParams
     from docintel.pipeline.offline.train import train as do_train
 
     show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
     try:
-        if method not in ("full", "lora"):
-            raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
-        if head not in ("mlp", "linear"):
-            raise typer.BadParameter(f"--head {head!r}: expected 'mlp' or 'linear'")
-        head_params = HeadParams(members=1, hidden=()) if head == "linear" else HeadParams()
+        head_params, params = _training_params(head, method, epochs, fine_tune)
         embed = _embed_cfg(load_config(config).embed, encoder)
-        params = FineTuneParams(method=method, epochs=epochs) if fine_tune else None
         t0 = time.perf_counter()
         with _fine_tune_progress(show) as bar:
             if params is None:

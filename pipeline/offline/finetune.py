@@ -13,10 +13,14 @@ scored, and the epoch with the best held-out macro-F1 is the one kept. Two metho
   frozen; writes the adapter only (a few MB) with ``base.json`` naming the base, merged
   into the base's weights when the embed stage loads it (no cost at inference).
 
-The linear layer is a training device only: the classifier the pipeline runs is the Keras
-head that :func:`docintel.pipeline.offline.train.train` fits afterwards on embeddings of
-the saved encoder, computed by the embed stage itself. Seeds are fixed (weights, order,
-dropout): the same data, seed and machine give the same encoder.
+By default the linear layer is a training device only: the classifier the pipeline runs is
+the Keras head that :func:`docintel.pipeline.offline.train.train` fits afterwards on
+embeddings of the saved encoder, computed by the embed stage itself. With
+``cosine_scale`` > 0 (``--head joint``) the layer sees what the embed stage emits, the
+L2-normalised mean-pooled vector, times that fixed scale (a cosine classifier); it is then
+kept: the best epoch's layer is returned under :data:`JOINT_LAYER` and exported to Keras.
+Seeds are fixed (weights, order, dropout): the same data, seed and machine give the same
+encoder.
 """
 
 from __future__ import annotations
@@ -57,6 +61,12 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
+# --head joint: the scale s of the cosine classifier. 16 = about 4x the norm of the stock
+# MiniLM's unnormalised mean-pooled vector (4.2 +- 1.1 on sent_valid), which the usual
+# recipe's linear layer sees: headroom for confident logits now that the encoder cannot
+# grow the norm, the low end of the scales cosine-softmax classifiers use (16-30).
+JOINT_SCALE = 16.0
+JOINT_LAYER = "joint_layer"  # fine_tune's record: the kept layer (removed before writing)
 EVAL_BATCH = 128  # held-out sentences per forward pass (no gradients: memory is small)
 
 
@@ -76,6 +86,7 @@ class FineTuneParams:
     lora_alpha: int = 32  # scaling alpha / rank = 2
     lora_dropout: float = 0.1
     fp16_weights: bool = True  # method full: save fp16 safetensors (half the MB)
+    cosine_scale: float = 0.0  # > 0: the layer sees the unit vector times this; kept
 
     def lr(self) -> float:
         if self.learning_rate:
@@ -153,11 +164,14 @@ def _pad(ids: list[list[int]], pad: int) -> tuple[Any, Any]:
 class _Tuner:
     """The encoder with mean pooling and a linear layer: what gets trained."""
 
-    def __init__(self, encoder: Any, n_classes: int, pad: int, seed: int) -> None:
+    def __init__(
+        self, encoder: Any, n_classes: int, pad: int, seed: int, scale: float = 0.0
+    ) -> None:
         import torch
 
         self.encoder = encoder
         self.pad = pad
+        self.scale = scale  # > 0: a cosine classifier on the embed stage's unit vectors
         gen = torch.Generator().manual_seed(seed)
         hidden = int(encoder.config.hidden_size)
         self.linear = torch.nn.Linear(hidden, n_classes)
@@ -175,7 +189,16 @@ class _Tuner:
         ).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        if self.scale > 0:
+            pooled = torch.nn.functional.normalize(pooled, dim=1) * self.scale
         return self.linear(pooled)
+
+    def layer(self) -> dict[str, Any]:
+        """The linear layer as the classify stage needs it: weight [classes, dim], bias,
+        and the scale its input is multiplied by."""
+        weight = self.linear.weight.detach().numpy().astype(np.float32)
+        bias = self.linear.bias.detach().numpy().astype(np.float32)
+        return {"weight": weight.copy(), "bias": bias.copy(), "scale": self.scale}
 
     def trainable(self) -> list[tuple[str, Any]]:
         named = [(f"encoder.{n}", p) for n, p in self.encoder.named_parameters()]
@@ -299,7 +322,8 @@ def _build_loop(
     base_ref = base_reference(base)
     if params.method == "lora":
         encoder = _with_lora(encoder, params, base_ref)
-    tuner = _Tuner(encoder, len(names), tokenizer.pad_token_id or 0, seed)
+    pad = tokenizer.pad_token_id or 0
+    tuner = _Tuner(encoder, len(names), pad, seed, params.cosine_scale)
     counts = np.bincount(y[train_idx], minlength=len(names))
     total = math.ceil(len(train_idx) / params.batch_size) * params.epochs
     loop = _Loop(
@@ -364,7 +388,7 @@ def _train_epochs(
         if held["macro_f1"] > best["f1"]:
             state = {n: p.detach().clone() for n, p in tuner.trainable()}
             best.update(f1=held["macro_f1"], epoch=epoch, state=state)
-    with torch.no_grad():  # the best epoch's weights back (the linear layer is dropped)
+    with torch.no_grad():  # the best epoch's weights back, the linear layer's included
         for n, p in tuner.trainable():
             p.copy_(best["state"][n])
     tuner.train(False)
@@ -384,7 +408,8 @@ def fine_tune(
     monitor: Monitor | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``base`` on ``texts[train_idx]``, select the epoch on ``texts[hold_idx]``,
-    write the encoder folder ``out`` (replaced whole); return the training record."""
+    write the encoder folder ``out`` (replaced whole); return the training record (with
+    ``params.cosine_scale`` > 0 also the kept linear layer, under :data:`JOINT_LAYER`)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # the caller shows progress, not the loaders
@@ -400,7 +425,9 @@ def fine_tune(
         trainable = loop.tuner.trainable()
         n_trainable = sum(p.numel() for n, p in trainable if n.startswith("encoder."))
         _save(loop.tuner.encoder, params, base, base_ref, out)
+    joint = {JOINT_LAYER: loop.tuner.layer()} if params.cosine_scale > 0 else {}
     return {
+        **joint,
         "epochs": epochs,
         "method": params.method,
         "base": base_ref,

@@ -5,7 +5,8 @@ Embedder stage the pipeline runs), fits a small Keras MLP with class weighting, 
 ``model.keras``, ``labels.json``, ``training.json`` and ``metrics.json`` (held-out split).
 With ``--fine-tune`` it first fine-tunes the encoder on the same training split
 (:mod:`docintel.pipeline.offline.finetune`) into ``DIR/encoder/`` and trains the head on
-that encoder's embeddings; ``training.json`` then also holds the fine-tuning curve.
+that encoder's embeddings; ``training.json`` then also holds the fine-tuning curve. With
+``--head joint`` the head is instead the fine-tuning's own linear layer, exported to Keras.
 The head's temperature is fitted on the hold-out and kept in ``training.json``
 (``calibration``; :mod:`docintel.pipeline.offline.calibration`); ``score_on`` files
 are scored with it and their metrics and ECE go into ``metrics.json``.
@@ -307,18 +308,45 @@ def _training_record(
     return record
 
 
+def joint_head(layer: dict[str, Any]) -> Any:
+    """The linear layer trained jointly with the encoder (``--head joint``) as the Keras
+    head the classify stage loads: the linear head's network (``HeadParams(members=1,
+    hidden=())``), kernel ``(scale * weight).T`` and the bias. On the embed stage's unit
+    vectors it gives the softmax of the fine-tuning model's logits."""
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    weight = np.asarray(layer["weight"], np.float32)
+    n_classes, dim = weight.shape
+    _, model = _ensemble(keras, dim, n_classes, HeadParams(members=1, hidden=()))
+    kernel = (np.float32(layer["scale"]) * weight).T
+    model.set_weights([kernel, np.asarray(layer["bias"], np.float32)])
+    return model
+
+
 def _fit_and_save(
     x: np.ndarray, c: _Classes, out: Path, params: HeadParams, seed: int, curve: list[float]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Fit the head, fit its temperature on the hold-out, write model.keras and labels.json;
-    the hold-out metrics (with the calibrated ECE) and the calibration record."""
-    from docintel.pipeline.offline.calibration import calibration_record
-
+    """Fit the head, then :func:`_save_head`."""
     tr, ho, y = c.train, c.hold, c.y
     model = fit_head(x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve)
-    raw = np.asarray(model(x[ho], training=False))
-    calibration = calibration_record(raw, y[ho], "holdout")
-    result = {**metrics(y[ho], raw.argmax(axis=1), c.names), "ece": calibration["ece_after"]}
+    return _save_head(model, x[ho], c, out)
+
+
+def _save_head(
+    model: Any, x_hold: np.ndarray, c: _Classes, out: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fit the head's temperature on the hold-out, write model.keras and labels.json; the
+    hold-out metrics (with the calibrated ECE) and the calibration record."""
+    from docintel.pipeline.offline.calibration import calibration_record
+
+    y = c.y[c.hold]
+    raw = np.asarray(model(x_hold, training=False))
+    calibration = calibration_record(raw, y, "holdout")
+    result = {**metrics(y, raw.argmax(axis=1), c.names), "ece": calibration["ece_after"]}
     out.mkdir(parents=True, exist_ok=True)
     _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(c.names) + "\n")
@@ -359,20 +387,30 @@ def train(
     With ``fine_tune``, the configured encoder is first fine-tuned on the training split
     into ``out/encoder/`` and the head is trained on that encoder's embeddings; the
     hold-out (a stratified part of ``data``) selects the encoder's epoch and the head's,
-    and fits the head's temperature. ``score_on``: labelled files the written model is
+    and fits the head's temperature. With ``fine_tune.cosine_scale`` > 0 the head is the
+    fine-tuning's own linear layer (:func:`joint_head`), nothing is fitted after it, and
+    only the hold-out is embedded. ``score_on``: labelled files the written model is
     scored on too (their metrics and ECE go into metrics.json).
     """
+    from docintel.pipeline.offline.finetune import JOINT_LAYER
+
     params = params or HeadParams()
     t0 = time.perf_counter()
     c = _classes(data, label_names, seed)
     tuned: dict[str, Any] | None = None
     if fine_tune is not None:
         tuned, embed_cfg = _fine_tune_encoder(c, out, embed_cfg, fine_tune, seed, monitor)
+    layer = tuned.pop(JOINT_LAYER, None) if tuned else None
     t_embed0 = time.perf_counter()
-    x, embedder = embed_texts(c.texts, embed_cfg)
+    rows = c.hold if layer is not None else np.arange(len(c.texts))
+    x, embedder = embed_texts([c.texts[i] for i in rows], embed_cfg)
     t_embed = time.perf_counter() - t_embed0
     curve: list[float] = []
-    result, calibration = _fit_and_save(x, c, out, params, seed, curve)
+    if layer is not None:
+        params = HeadParams(members=1, hidden=())  # what joint_head builds
+        result, calibration = _save_head(joint_head(layer), x, c, out)
+    else:
+        result, calibration = _fit_and_save(x, c, out, params, seed, curve)
     seconds = {
         "fine_tune": tuned["seconds"] if tuned else 0.0,
         Embedder.name: round(t_embed, 1),  # the embed stage's time, keyed by its name
@@ -382,6 +420,8 @@ def train(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
     record[CALIBRATION_KEY] = calibration
+    if layer is not None:
+        record["head"] = {"joint": True, "cosine_scale": layer["scale"]}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result

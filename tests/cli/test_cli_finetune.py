@@ -70,3 +70,9 @@ def test_unknown_method_is_a_usage_error(tmp_path: Path, data: Path) -> None:
     r = docintel("train", data, "--out", tmp_path / "m", "--fine-tune", "--method", "qlora")
     assert r.returncode == 2
     assert "qlora" in _flat(r.stderr) and not (tmp_path / "m").exists()
+
+
+def test_joint_head_without_fine_tuning_is_a_usage_error(tmp_path: Path, data: Path) -> None:
+    r = docintel("train", data, "--out", tmp_path / "m", "--head", "joint")
+    assert r.returncode == 2
+    assert "--fine-tune" in _flat(r.stderr) and not (tmp_path / "m").exists()

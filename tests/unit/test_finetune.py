@@ -235,3 +235,48 @@ def test_base_reference_is_portable_for_the_stock_encoder(tmp_path: Path) -> Non
     assert base_reference(tmp_path) == str(tmp_path.resolve())
     assert EmbedConfig(model_path="stock").resolved_model_path() == stock_encoder_dir()
     assert ClassifyConfig(model_dir="stock").resolved_model_dir().name == "finsent"
+
+
+def test_joint_head_is_the_fine_tuning_layer_exported_to_keras(tmp_path: Path) -> None:
+    """`--head joint`: the Keras head written is the linear layer trained with the encoder.
+    Its probabilities on the embed stage's vectors equal the softmax of the torch
+    fine-tuning model (encoder, mean pooling, unit vector times the scale, the layer) on
+    the same sentences, and its hold-out macro-F1 is the best epoch's."""
+    import keras
+    import torch
+    from transformers import AutoTokenizer
+
+    from docintel.pipeline.offline.finetune import JOINT_SCALE, _Tuner
+    from docintel.pipeline.offline.train import HeadParams, train
+
+    out = tmp_path / "joint"
+    result = train(
+        tiny_labelled(tmp_path / "tiny.csv"), out, EmbedConfig(model_path="stock"), LABEL_NAMES,
+        params=HeadParams(members=1, hidden=()), seed=0,
+        fine_tune=FineTuneParams(method="lora", epochs=1, batch_size=8, cosine_scale=JOINT_SCALE),
+    )  # fmt: skip
+    training = json.loads((out / "training.json").read_text())
+    assert training["head"] == {"joint": True, "cosine_scale": JOINT_SCALE}
+    assert training["fine_tune"]["params"]["cosine_scale"] == JOINT_SCALE
+    assert "joint_layer" not in training["fine_tune"]
+    assert training["calibration"]["temperature"] > 0 and "ece" in result
+    assert result["macro_f1"] == training["fine_tune"]["epochs"][0]["holdout_macro_f1"]
+    head = keras.models.load_model(out / "model.keras")
+    kernel, bias = head.get_weights()
+    assert kernel.shape == (384, 3)
+
+    emb = Embedder(EmbedConfig(model_path=str(out / ENCODER_SUBDIR)))
+    emb.setup()  # the adapter merged into the base, as every run loads it
+    vectors = emb.encode(TEXTS * 2 + ["Flat open; volumes thin ahead of the Fed."])[0]
+    keras_probs = np.asarray(head(vectors, training=False))
+    tok = AutoTokenizer.from_pretrained(str(out / ENCODER_SUBDIR))
+    tuner = _Tuner(emb.model, 3, tok.pad_token_id, seed=0, scale=JOINT_SCALE)
+    with torch.no_grad():
+        tuner.linear.weight.copy_(torch.as_tensor(kernel.T / JOINT_SCALE))
+        tuner.linear.bias.copy_(torch.as_tensor(bias))
+    tuner.train(False)
+    ids = tok(TEXTS * 2 + ["Flat open; volumes thin ahead of the Fed."])["input_ids"]
+    with torch.inference_mode():
+        torch_probs = torch.softmax(tuner.logits(ids), dim=1).numpy()
+    np.testing.assert_allclose(keras_probs, torch_probs, atol=1e-5)
+    assert (keras_probs.max(axis=1) < 0.999).all()  # not saturated: the check means something
