@@ -280,7 +280,7 @@ class Executor:
         batch is written."""
         wake = self.wake() if self.wake else []
         if not st.pending:
-            if not any(st.queues.values()):
+            if not any(st.queues.values()) and not any(self.slice_queue.values()):
                 return None
             # batches wait for a replica of their stage: one still loading its model
             # (wake), or every one left with its node; the pool manager (on_tick) joins

@@ -205,8 +205,12 @@ class Dispatcher:
 
     def acquire_slice(self, stage: str, now: float) -> Replica | None:
         """A CPU replica for one more slice of a batch already sent to the CPU pool: the
-        one with a free slot and the earliest expected finish; None = wait for a slot."""
-        free = [r for r in self.pools[stage] if r.pool == "cpu" and r.free > 0]
+        one with a free slot and the earliest expected finish; None = wait for a slot. A
+        stage left without CPU replicas (their node gone) gives its slices to the GPU
+        replicas, rather than leave them waiting for a pool that may never return."""
+        replicas = self.pools[stage]
+        pool = "cpu" if any(r.pool == "cpu" for r in replicas) else "gpu"
+        free = [r for r in replicas if r.pool == pool and r.free > 0]
         best = min(free, key=lambda r: (self._finish(r, now), -r.free, r.index), default=None)
         return None if best is None else self._take(best, now, count=False)
 

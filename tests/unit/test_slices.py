@@ -195,3 +195,13 @@ def test_the_actor_s_slices_joined_equal_its_whole_call_pieces_and_errors_includ
     ref = actor.process(pieces, 1)
     assert isinstance(one, Batch) and isinstance(ref, Batch)
     assert one.batch_id == ref.batch_id and one.table.equals(ref.table)
+
+
+def test_slices_go_to_the_gpu_only_when_the_stage_has_no_cpu_replica_left() -> None:
+    d = _pools(cpu_service=0.3, gpu_service=1.0)
+    gpu = d.pools["embed"][0]
+    first = d.acquire_slice("embed", now=0.0)
+    assert first is not None and first.pool == "cpu"
+    d.pools["embed"] = [gpu]  # the CPU replicas left with their node
+    again = d.acquire_slice("embed", now=0.0)
+    assert again is gpu
