@@ -18,9 +18,12 @@ from tests.conftest import REPO, assert_exactly_once, write_docs
 
 
 def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path: Path) -> None:
-    ids = [f"i{i:03d}" for i in range(160)]
+    # 250 batches: seconds of work left when the second part lands, even when a loaded
+    # machine delays this test's polling (160 documents once finished inside that window,
+    # and the SIGINT then met the interpreter's exit, which ignores it: exit 0)
+    ids = [f"i{i:04d}" for i in range(1_000)]
     texts = [f"Revenue rose {i}% in the quarter. Costs fell sharply at unit {i}." for i in ids]
-    inp = write_docs(tmp_path / "in.parquet", ids, texts, row_group_size=160)
+    inp = write_docs(tmp_path / "in.parquet", ids, texts, row_group_size=1_000)
     out = tmp_path / "out"
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.Popen(
