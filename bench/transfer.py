@@ -7,7 +7,8 @@ link, mention, hashtag or emoji; the transfer check) and the rest (tweet-style).
 embeddings come from the embed stage, the probabilities from the classify stage (Keras,
 the head's temperature applied). Reported per candidate: macro-F1 on all of
 sent_valid.csv (in-domain), on the news-style rows (transfer) and on the tweet-style rows;
-ECE (10 bins) before and after the head's temperature; MB shipped.
+ECE (10 bins) before and after the head's temperature; MB shipped; whether it was
+trained with ``--normalise-text`` (the scored texts are never rewritten).
 
     .venv/bin/python bench/transfer.py stock=models/finsent:stock lora=models/finsent_ft \\
         --json /tmp/transfer.json
@@ -46,7 +47,11 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
     from docintel.pipeline.offline.metrics import metrics
     from docintel.pipeline.offline.train import embed_texts, encoder_for_head, load_labelled
     from docintel.pipeline.offline.train import write_metrics as write_holdout_metrics
-    from docintel.pipeline.stages.classify import Classifier, apply_temperature
+    from docintel.pipeline.stages.classify import (
+        Classifier,
+        apply_temperature,
+        read_classifier_meta,
+    )
 
     texts, raw = load_labelled(VALID)
     news = set(load_labelled(NEWS)[0])
@@ -87,6 +92,8 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
         "ece": round(ece(p, y), 4),
         "max_prob_ge_0999": round(float((p.max(1) >= 0.999).mean()), 4),
         "mb": round(shipped_mb(folder), 2),
+        # trained with `--normalise-text`; scored, as at inference, on the raw texts
+        "normalise_text": bool(read_classifier_meta(folder)[1].get("normalise_text", False)),
         "score_seconds": round(time.perf_counter() - t0, 1),
     }
 

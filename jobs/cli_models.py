@@ -76,6 +76,15 @@ ScoreOnOpt = Annotated[
         dir_okay=False,
     ),
 ]
+NormaliseTextOpt = Annotated[
+    bool,
+    typer.Option(
+        "--normalise-text",
+        help="Rewrite tweet artefacts in DATA's texts (training and hold-out, for the "
+        "fine-tuning and the head): cashtags -> $TICKER, links removed, @mentions -> @USER. "
+        "Texts at inference (and --score-on files) are not rewritten. Default: off.",
+    ),
+]
 EncoderOpt = Annotated[
     str | None,
     typer.Option(
@@ -226,6 +235,7 @@ def train(
     encoder: EncoderOpt = None,
     head: HeadOpt = "mlp",
     score_on: ScoreOnOpt = None,
+    normalise_text: NormaliseTextOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file; with --fine-tune,
@@ -256,7 +266,7 @@ def train(
             if params is None:
                 bar.console.print("embedding texts and training the head")
             kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar), "params": head_params}
-            kwargs["score_on"] = score_on or []
+            kwargs |= {"score_on": score_on or [], "normalise": normalise_text}
             m = do_train(data, out_dir, embed, _names(label_names), seed=seed, **kwargs)
     except DocintelError as e:
         fail(e)

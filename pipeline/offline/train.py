@@ -15,6 +15,7 @@ are scored with it and their metrics and ECE go into ``metrics.json``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ if TYPE_CHECKING:
 
 HOLDOUT_FRACTION = 0.1  # of the training file, stratified: early stopping + reported metrics
 SEED = 0
+NORMALISE_KEY = "normalise_text"  # training.json: the texts were rewritten by normalise_text
+
+_URL = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
+_CASHTAG = re.compile(r"(?<![\w$])\$[A-Za-z][A-Za-z0-9]*(?:[._][A-Za-z]+)?\b")
+_MENTION = re.compile(r"(?<![\w@])@\w+")
+_SPACES = re.compile(r"[ \t]{2,}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,16 @@ def load_labelled(
     labels = table[label_column].cast(pa.string()).to_pylist()
     keep = [i for i, (t, y) in enumerate(zip(texts, labels, strict=True)) if t and y]
     return [texts[i] for i in keep], [labels[i] for i in keep]
+
+
+def normalise_text(text: str) -> str:
+    """Tweet artefacts rewritten (``docintel train --normalise-text``): links removed,
+    cashtags (``$AAPL``, ``$BRK.B``) -> ``$TICKER``, mentions (``@user``) -> ``@USER``;
+    dollar amounts (``$5``) and e-mail addresses are kept."""
+    text = _URL.sub("", text)
+    text = _CASHTAG.sub("$TICKER", text)
+    text = _MENTION.sub("@USER", text)
+    return _SPACES.sub(" ", text).strip()
 
 
 def apply_label_names(labels: list[str], names: list[str] | None) -> list[str]:
@@ -242,9 +259,14 @@ class _Classes:
     hold: np.ndarray
 
 
-def _classes(data: Path, label_names: list[str] | None, seed: int) -> _Classes:
-    """Read ``data``, name its labels, number the classes and split off the hold-out."""
+def _classes(
+    data: Path, label_names: list[str] | None, seed: int, normalise: bool = False
+) -> _Classes:
+    """Read ``data`` (its texts rewritten by :func:`normalise_text` if ``normalise``), name
+    its labels, number the classes and split off the hold-out."""
     texts, raw = load_labelled(data)
+    if normalise:
+        texts = [normalise_text(t) for t in texts]
     if not texts:
         raise InputError(f"labelled data {data} has no rows with both text and label")
     labels = apply_label_names(raw, label_names)
@@ -381,6 +403,7 @@ def train(
     fine_tune: FineTuneParams | None = None,
     monitor: Monitor | None = None,
     score_on: list[Path] | None = None,
+    normalise: bool = False,
 ) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
 
@@ -390,13 +413,15 @@ def train(
     and fits the head's temperature. With ``fine_tune.cosine_scale`` > 0 the head is the
     fine-tuning's own linear layer (:func:`joint_head`), nothing is fitted after it, and
     only the hold-out is embedded. ``score_on``: labelled files the written model is
-    scored on too (their metrics and ECE go into metrics.json).
+    scored on too (their metrics and ECE go into metrics.json). ``normalise``: the texts
+    of ``data`` (training and hold-out, for the fine-tuning and the head) are rewritten by
+    :func:`normalise_text`; texts at inference and ``score_on`` files are not.
     """
     from docintel.pipeline.offline.finetune import JOINT_LAYER
 
     params = params or HeadParams()
     t0 = time.perf_counter()
-    c = _classes(data, label_names, seed)
+    c = _classes(data, label_names, seed, normalise)
     tuned: dict[str, Any] | None = None
     if fine_tune is not None:
         tuned, embed_cfg = _fine_tune_encoder(c, out, embed_cfg, fine_tune, seed, monitor)
@@ -420,6 +445,8 @@ def train(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
     record[CALIBRATION_KEY] = calibration
+    if normalise:
+        record[NORMALISE_KEY] = True
     if layer is not None:
         record["head"] = {"joint": True, "cosine_scale": layer["scale"]}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -479,7 +506,8 @@ def recalibrate(
     clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))
     clf.setup()
     _, training = read_classifier_meta(model_dir)
-    c = _classes(data, label_names or clf.labels, int(training.get("seed", SEED)))
+    normalise = bool(training.get(NORMALISE_KEY, False))  # the hold-out as it was trained
+    c = _classes(data, label_names or clf.labels, int(training.get("seed", SEED)), normalise)
     if len(c.hold) != training.get("holdout_rows", len(c.hold)):
         raise InputError(f"{data} does not redraw the hold-out {model_dir} was trained with")
     embed_cfg = encoder_for_head(model_dir, embed_cfg)

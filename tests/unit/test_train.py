@@ -1,7 +1,9 @@
-"""Training helpers: metrics by hand, stratified split, labelled data loading."""
+"""Training helpers: metrics by hand, stratified split, labelled data loading, text
+normalisation."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -11,9 +13,11 @@ import pytest
 
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.offline.train import (
+    _classes,
     apply_label_names,
     load_labelled,
     metrics,
+    normalise_text,
     stratified_split,
 )
 
@@ -109,3 +113,58 @@ def test_load_labelled_drops_rows_without_text_or_label(tmp_path):
 def test_apply_label_names_out_of_range():
     with pytest.raises(InputError, match="2 names"):
         apply_label_names(["0", "1", "2"], ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("$AAPL up 5% https://t.co/xyz via @jim", "$TICKER up 5% via @USER"),
+        ("Buy $BRK.B and $tsla now!", "Buy $TICKER and $TICKER now!"),
+        ("www.example.com/a $SPY, @a_b: ok", "$TICKER, @USER: ok"),
+        ("$NVDA.", "$TICKER."),
+        # dollar amounts, e-mail addresses and plain text are kept
+        ("costs $5.20, mail a@b.com", "costs $5.20, mail a@b.com"),
+        ("Stocks fell on weak guidance", "Stocks fell on weak guidance"),
+    ],
+)
+def test_normalise_text(text, want):
+    assert normalise_text(text) == want
+    assert normalise_text(want) == want  # idempotent
+
+
+def test_normalise_text_leaves_no_tweet_artefact_in_the_vendored_data():
+    texts, _ = load_labelled(SENT_VALID)
+    out = [normalise_text(t) for t in texts]
+    left = [t for t in out if re.search(r"https?://|www\.|@(?!USER\b)\w|\$(?!TICKER\b)[A-Za-z]", t)]
+    assert not left, left[:5]
+    assert sum(t != n for t, n in zip(texts, out, strict=True)) > len(texts) // 3
+
+
+def test_classes_normalise_rewrites_training_and_holdout_texts(tmp_path):
+    data = tmp_path / "d.csv"
+    rows = [f"$AAPL row {i} @u{i} http://x.io/{i},{i % 2}" for i in range(20)]
+    data.write_text("text,label\n" + "\n".join(rows) + "\n")
+    plain = _classes(data, ["neg", "pos"], seed=0)
+    norm = _classes(data, ["neg", "pos"], seed=0, normalise=True)
+    assert plain.texts[3] == "$AAPL row 3 @u3 http://x.io/3"
+    assert norm.texts[3] == "$TICKER row 3 @USER"
+    assert (norm.train == plain.train).all() and (norm.hold == plain.hold).all()
+
+
+def test_train_normalise_text_is_recorded_and_reused_by_recalibrate(tmp_path):
+    """`docintel train --normalise-text` (no fine-tuning, a small head on the stock MiniLM):
+    training.json records it, and recalibrate redraws the same rewritten hold-out, so the
+    temperature it fits is the one train fitted."""
+    from docintel.pipeline.config import EmbedConfig
+    from docintel.pipeline.offline.train import HeadParams, recalibrate, train
+    from tests.finetuned import LABEL_NAMES, tiny_labelled
+
+    data = tiny_labelled(tmp_path / "tiny.csv", per_class=10)
+    assert any("$" in t for t in load_labelled(data)[0])  # cashtags to rewrite
+    out = tmp_path / "head"
+    cfg = EmbedConfig(model_path="stock")
+    params = HeadParams(members=1, hidden=(), max_epochs=3)
+    train(data, out, cfg, LABEL_NAMES, params=params, seed=0, normalise=True)
+    training = json.loads((out / "training.json").read_text())
+    assert training["normalise_text"] is True
+    assert recalibrate(out, data, cfg, LABEL_NAMES) == training["calibration"]
