@@ -17,6 +17,15 @@ from tests.cli.test_cli import DOCINTEL, docintel
 from tests.conftest import REPO, assert_exactly_once, write_docs
 
 
+def _as_from_a_shell() -> None:
+    """In the child before exec: SIGINT unblocked and at its default, as a shell starts a
+    command. A child inherits its parent's signal mask, and this test's parent is the
+    pytest process, where earlier tests' libraries may have blocked SIGINT in the main
+    thread: docintel would then never see the Ctrl-C."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _parts(folder: Path) -> int:
     return len(list(folder.glob("*.parquet")))
 
@@ -49,6 +58,7 @@ def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*DOCINTEL, "run", str(inp), str(out), "--batch-size", "4", "--no-progress"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_from_a_shell,  # noqa: PLW1509 - two signal calls, no locks taken
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
