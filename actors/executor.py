@@ -85,9 +85,12 @@ class _Sliced:
 
     flight: _Flight
     stage: str
-    k: int
-    refs: list[ray.ObjectRef | None]
+    refs: list[ray.ObjectRef | None]  # one per slice, filled as they finish
     left: int
+
+    @property
+    def k(self) -> int:
+        return len(self.refs)
 
 
 # what a queued step is given: one ref, or the refs of a sliced call's results
@@ -421,7 +424,7 @@ class Executor:
     ) -> None:
         """Send a spilled call as ``k`` slices: the first on ``replica`` (its slot taken),
         the rest queued for the CPU pool's next free slots."""
-        sliced = _Sliced(flight, stage, k, [None] * k, k)
+        sliced = _Sliced(flight, stage, [None] * k, k)
         self._submit_slice(sliced, 0, ref, replica, pending)
         self.slice_queue[stage].extend((sliced, i, ref) for i in range(1, k))
 
