@@ -6,7 +6,8 @@ data/make_transfer.py: the news-style rows (``sent_valid_newsstyle.csv``: no cas
 link, mention, hashtag or emoji; the transfer check) and the rest (tweet-style). The
 embeddings come from the embed stage, the probabilities from the classify stage (Keras,
 the head's temperature applied). Reported per candidate: macro-F1 on all of
-sent_valid.csv (in-domain), on the news-style rows (transfer) and on the tweet-style rows;
+sent_valid.csv (in-domain), on the news-style rows (transfer), on the tweet-style rows and
+on the written news sentences of data/news_style_check (a second transfer check);
 ECE (10 bins) before and after the head's temperature; MB shipped; whether it was
 trained with ``--normalise-text`` (the scored texts are never rewritten).
 
@@ -38,6 +39,7 @@ from finetune import shipped_mb  # noqa: E402
 TRAIN = REPO / "data" / "twitter_fin_sentiment" / "sent_train.csv"
 VALID = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
 NEWS = REPO / "data" / "twitter_fin_sentiment" / "sent_valid_newsstyle.csv"
+WRITTEN = REPO / "data" / "news_style_check" / "news_sentences.csv"  # see its SOURCE.md
 LABELS = ["Bearish", "Bullish", "Neutral"]
 
 
@@ -81,10 +83,15 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
             for f, rows in ((VALID, np.ones(len(y), bool)), (NEWS, is_news))
         }
         write_holdout_metrics(folder, holdout, scored)
+    w_texts, w_raw = load_labelled(WRITTEN)
+    w_pred = clf.predict(embed_texts(w_texts, cfg)[0]).argmax(1)
+    written = metrics(np.array([int(v) for v in w_raw]), w_pred, LABELS)
     return {
         "folder": str(folder),
         "in_domain_macro_f1": f1(np.ones(len(y), bool)),
         "transfer_macro_f1": f1(is_news),
+        "written_news_macro_f1": round(written["macro_f1"], 4),
+        "written_news_accuracy": round(written["accuracy"], 4),
         "tweet_style_macro_f1": f1(~is_news),
         "n": {"all": len(y), "news_style": int(is_news.sum())},
         "temperature": temperature,

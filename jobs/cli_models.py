@@ -61,8 +61,8 @@ HeadOpt = Annotated[
     typer.Option(
         help="Classifier head: 'mlp' (an ensemble of 5 MLPs, 384-192 units), 'linear' "
         "(one softmax layer over the embedding) or, with --fine-tune, 'joint' (the "
-        "fine-tuning's own linear layer, trained with the encoder on its unit vectors as a "
-        "cosine classifier, exported to Keras)."
+        "fine-tuning's own linear layer, trained with the encoder, exported to Keras) or "
+        "'cosine' (likewise, the layer trained on the unit vectors the embed stage emits)."
     ),
 ]
 ScoreOnOpt = Annotated[
@@ -72,6 +72,17 @@ ScoreOnOpt = Annotated[
         metavar="FILE",
         help="Labelled CSV/Parquet to score the trained model on too (repeatable; default: none); "
         "metrics.json gets its metrics, and its ECE as the top-level 'ece'.",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+AddDataOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--add-data",
+        metavar="FILE",
+        help="More labelled CSV/Parquet to train on with DATA (same columns and label ids; "
+        "repeatable). The hold-out is drawn from all the rows.",
         exists=True,
         dir_okay=False,
     ),
@@ -206,21 +217,23 @@ def _fine_tune_progress(show: bool) -> Progress:
 def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tuple[Any, Any]:
     """The head's and the fine-tuning's parameters (None without --fine-tune) for the
     options; a bad combination is a usage error."""
-    from docintel.pipeline.offline.finetune import JOINT_SCALE, FineTuneParams
+    from docintel.pipeline.offline.finetune import COSINE_SCALE, FineTuneParams
     from docintel.pipeline.offline.train import HeadParams
 
     if method not in ("full", "lora"):
         raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
-    if head not in ("mlp", "linear", "joint"):
-        raise typer.BadParameter(f"--head {head!r}: expected 'mlp', 'linear' or 'joint'")
-    if head == "joint" and not fine_tune:
-        raise typer.BadParameter("--head joint is trained with the encoder: add --fine-tune")
-    one_layer = head in ("linear", "joint")
+    if head not in ("mlp", "linear", "joint", "cosine"):
+        raise typer.BadParameter(f"--head {head!r}: expected 'mlp', 'linear', 'joint' or 'cosine'")
+    if head in ("joint", "cosine") and not fine_tune:
+        raise typer.BadParameter(f"--head {head} is trained with the encoder: add --fine-tune")
+    one_layer = head in ("linear", "joint", "cosine")
     head_params = HeadParams(members=1, hidden=()) if one_layer else HeadParams()
     if not fine_tune:
         return head_params, None
-    scale = JOINT_SCALE if head == "joint" else 0.0
-    return head_params, FineTuneParams(method=method, epochs=epochs, cosine_scale=scale)
+    scale = COSINE_SCALE if head == "cosine" else 0.0
+    return head_params, FineTuneParams(
+        method=method, epochs=epochs, cosine_scale=scale, keep_layer=head == "joint"
+    )
 
 
 def train(
@@ -236,6 +249,7 @@ def train(
     head: HeadOpt = "mlp",
     score_on: ScoreOnOpt = None,
     normalise_text: NormaliseTextOpt = False,
+    add_data: AddDataOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file; with --fine-tune,
@@ -267,6 +281,7 @@ def train(
                 bar.console.print("embedding texts and training the head")
             kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar), "params": head_params}
             kwargs |= {"score_on": score_on or [], "normalise": normalise_text}
+            kwargs |= {"more_data": add_data or []}
             m = do_train(data, out_dir, embed, _names(label_names), seed=seed, **kwargs)
     except DocintelError as e:
         fail(e)

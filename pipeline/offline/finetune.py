@@ -15,10 +15,15 @@ scored, and the epoch with the best held-out macro-F1 is the one kept. Two metho
 
 By default the linear layer is a training device only: the classifier the pipeline runs is
 the Keras head that :func:`docintel.pipeline.offline.train.train` fits afterwards on
-embeddings of the saved encoder, computed by the embed stage itself. With
-``cosine_scale`` > 0 (``--head joint``) the layer sees what the embed stage emits, the
-L2-normalised mean-pooled vector, times that fixed scale (a cosine classifier); it is then
-kept: the best epoch's layer is returned under :data:`JOINT_LAYER` and exported to Keras.
+embeddings of the saved encoder, computed by the embed stage itself. With ``keep_layer``
+(``--head joint``) the best epoch's layer is kept instead: returned under
+:data:`JOINT_LAYER` and exported to Keras. It was trained on the mean-pooled vector, the
+embed stage emits that vector's unit vector, so the export multiplies the unit vector by
+one constant, the median norm of the held-out mean-pooled vectors (the fine-tuned MiniLM's
+norms lie within +-12% of it, and the labels on the unit vectors agree with the layer's own
+on 99.9-100% of sentences: BENCHMARKS.md). With ``cosine_scale`` > 0 (``--head cosine``)
+the layer is trained on what the embed stage emits, the unit vector times that fixed scale
+(a cosine classifier), and kept likewise.
 Seeds are fixed (weights, order, dropout): the same data, seed and machine give the same
 encoder.
 """
@@ -61,11 +66,11 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-# --head joint: the scale s of the cosine classifier. 16 = about 4x the norm of the stock
+# --head cosine: the scale s of the cosine classifier. 16 = about 4x the norm of the stock
 # MiniLM's unnormalised mean-pooled vector (4.2 +- 1.1 on sent_valid), which the usual
 # recipe's linear layer sees: headroom for confident logits now that the encoder cannot
 # grow the norm, the low end of the scales cosine-softmax classifiers use (16-30).
-JOINT_SCALE = 16.0
+COSINE_SCALE = 16.0
 JOINT_LAYER = "joint_layer"  # fine_tune's record: the kept layer (removed before writing)
 EVAL_BATCH = 128  # held-out sentences per forward pass (no gradients: memory is small)
 
@@ -87,6 +92,7 @@ class FineTuneParams:
     lora_dropout: float = 0.1
     fp16_weights: bool = True  # method full: save fp16 safetensors (half the MB)
     cosine_scale: float = 0.0  # > 0: the layer sees the unit vector times this; kept
+    keep_layer: bool = False  # the layer (on the mean-pooled vector) is kept as the head
 
     def lr(self) -> float:
         if self.learning_rate:
@@ -180,7 +186,8 @@ class _Tuner:
             self.linear.weight.uniform_(-bound, bound, generator=gen)
             self.linear.bias.uniform_(-bound, bound, generator=gen)
 
-    def logits(self, ids: list[list[int]]) -> Any:
+    def pooled(self, ids: list[list[int]]) -> Any:
+        """The mean-pooled vectors (not normalised) of the token id lists."""
         import torch
 
         input_ids, mask = _pad(ids, self.pad)
@@ -188,14 +195,20 @@ class _Tuner:
             input_ids=input_ids, attention_mask=mask, token_type_ids=torch.zeros_like(input_ids)
         ).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+    def logits(self, ids: list[list[int]]) -> Any:
+        import torch
+
+        pooled = self.pooled(ids)
         if self.scale > 0:
             pooled = torch.nn.functional.normalize(pooled, dim=1) * self.scale
         return self.linear(pooled)
 
     def layer(self) -> dict[str, Any]:
         """The linear layer as the classify stage needs it: weight [classes, dim], bias,
-        and the scale its input is multiplied by."""
+        and the scale the unit vector is multiplied by (0 until :func:`_median_norm` sets
+        it, for a layer trained on the mean-pooled vector)."""
         weight = self.linear.weight.detach().numpy().astype(np.float32)
         bias = self.linear.bias.detach().numpy().astype(np.float32)
         return {"weight": weight.copy(), "bias": bias.copy(), "scale": self.scale}
@@ -228,6 +241,21 @@ def _with_lora(encoder: Any, params: FineTuneParams, base_ref: str) -> Any:
     # never this machine's path of the stock MiniLM
     model.peft_config["default"].base_model_name_or_path = base_ref
     return model
+
+
+def _median_norm(tuner: _Tuner, ids: list[list[int]]) -> float:
+    """The median norm of the mean-pooled vectors of ``ids`` (the held-out sentences):
+    the constant a layer trained on those vectors is exported with (``keep_layer``)."""
+    import torch
+
+    tuner.train(False)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
+    norms = []
+    with torch.inference_mode():
+        for a in range(0, len(order), EVAL_BATCH):
+            pooled = tuner.pooled([ids[i] for i in order[a : a + EVAL_BATCH]])
+            norms.append(torch.linalg.vector_norm(pooled.float(), dim=1).numpy())
+    return float(np.median(np.concatenate(norms)))
 
 
 def _optimizer(tuner: _Tuner, params: FineTuneParams, total_steps: int) -> tuple[Any, Any]:
@@ -409,7 +437,8 @@ def fine_tune(
 ) -> dict[str, Any]:
     """Fine-tune ``base`` on ``texts[train_idx]``, select the epoch on ``texts[hold_idx]``,
     write the encoder folder ``out`` (replaced whole); return the training record (with
-    ``params.cosine_scale`` > 0 also the kept linear layer, under :data:`JOINT_LAYER`)."""
+    ``params.keep_layer`` or ``params.cosine_scale`` > 0 also the kept linear layer, under
+    :data:`JOINT_LAYER`)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # the caller shows progress, not the loaders
@@ -424,8 +453,8 @@ def fine_tune(
         epochs, best_epoch = _train_epochs(loop, y, train_idx, hold_idx, names, seed)
         trainable = loop.tuner.trainable()
         n_trainable = sum(p.numel() for n, p in trainable if n.startswith("encoder."))
+        joint = _kept_layer(loop.tuner, params, [loop.ids[i] for i in hold_idx])
         _save(loop.tuner.encoder, params, base, base_ref, out)
-    joint = {JOINT_LAYER: loop.tuner.layer()} if params.cosine_scale > 0 else {}
     return {
         **joint,
         "epochs": epochs,
@@ -439,6 +468,16 @@ def fine_tune(
         "encoder_mb": round(sum(p.stat().st_size for p in out.iterdir()) / 1e6, 2),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _kept_layer(tuner: _Tuner, params: FineTuneParams, hold: list[list[int]]) -> dict[str, Any]:
+    """``{JOINT_LAYER: layer}`` when the layer is kept (a layer trained on the mean-pooled
+    vector gets the held-out median norm as its scale), else nothing."""
+    if params.cosine_scale > 0:
+        return {JOINT_LAYER: tuner.layer()}
+    if params.keep_layer:
+        return {JOINT_LAYER: {**tuner.layer(), "scale": _median_norm(tuner, hold)}}
+    return {}
 
 
 def _save(encoder: Any, params: FineTuneParams, base: Path, base_ref: str, out: Path) -> None:

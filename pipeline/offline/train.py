@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,11 +260,19 @@ class _Classes:
 
 
 def _classes(
-    data: Path, label_names: list[str] | None, seed: int, normalise: bool = False
+    data: Path,
+    label_names: list[str] | None,
+    seed: int,
+    normalise: bool = False,
+    more: Sequence[Path] = (),
 ) -> _Classes:
-    """Read ``data`` (its texts rewritten by :func:`normalise_text` if ``normalise``), name
-    its labels, number the classes and split off the hold-out."""
+    """Read ``data`` and then each of ``more`` (their texts rewritten by
+    :func:`normalise_text` if ``normalise``), name the labels, number the classes and
+    split off the hold-out (stratified over all the rows)."""
     texts, raw = load_labelled(data)
+    for extra in more:
+        t, r = load_labelled(extra)
+        texts, raw = texts + t, raw + r
     if normalise:
         texts = [normalise_text(t) for t in texts]
     if not texts:
@@ -334,7 +342,9 @@ def joint_head(layer: dict[str, Any]) -> Any:
     """The linear layer trained jointly with the encoder (``--head joint``) as the Keras
     head the classify stage loads: the linear head's network (``HeadParams(members=1,
     hidden=())``), kernel ``(scale * weight).T`` and the bias. On the embed stage's unit
-    vectors it gives the softmax of the fine-tuning model's logits."""
+    vectors it gives the softmax of the fine-tuning model's logits: exactly for a cosine
+    layer, and for a layer trained on the mean-pooled vector (scale: the held-out median
+    norm) as if every vector had that norm."""
     import os
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -404,24 +414,27 @@ def train(
     monitor: Monitor | None = None,
     score_on: list[Path] | None = None,
     normalise: bool = False,
+    more_data: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
 
     With ``fine_tune``, the configured encoder is first fine-tuned on the training split
     into ``out/encoder/`` and the head is trained on that encoder's embeddings; the
     hold-out (a stratified part of ``data``) selects the encoder's epoch and the head's,
-    and fits the head's temperature. With ``fine_tune.cosine_scale`` > 0 the head is the
-    fine-tuning's own linear layer (:func:`joint_head`), nothing is fitted after it, and
-    only the hold-out is embedded. ``score_on``: labelled files the written model is
-    scored on too (their metrics and ECE go into metrics.json). ``normalise``: the texts
-    of ``data`` (training and hold-out, for the fine-tuning and the head) are rewritten by
-    :func:`normalise_text`; texts at inference and ``score_on`` files are not.
+    and fits the head's temperature. With ``fine_tune.keep_layer`` (or
+    ``fine_tune.cosine_scale`` > 0) the head is the fine-tuning's own linear layer
+    (:func:`joint_head`), nothing is fitted after it, and only the hold-out is embedded.
+    ``score_on``: labelled files the written model is scored on too (their metrics and
+    ECE go into metrics.json). ``normalise``: the texts of ``data`` (training and
+    hold-out, for the fine-tuning and the head) are rewritten by :func:`normalise_text`;
+    texts at inference and ``score_on`` files are not.
+    ``more_data``: labelled files trained on with ``data`` (rows appended to its rows).
     """
     from docintel.pipeline.offline.finetune import JOINT_LAYER
 
     params = params or HeadParams()
     t0 = time.perf_counter()
-    c = _classes(data, label_names, seed, normalise)
+    c = _classes(data, label_names, seed, normalise, more_data)
     tuned: dict[str, Any] | None = None
     if fine_tune is not None:
         tuned, embed_cfg = _fine_tune_encoder(c, out, embed_cfg, fine_tune, seed, monitor)
@@ -447,8 +460,11 @@ def train(
     record[CALIBRATION_KEY] = calibration
     if normalise:
         record[NORMALISE_KEY] = True
+    if more_data:
+        record["more_data"] = [f.name for f in more_data]
     if layer is not None:
-        record["head"] = {"joint": True, "cosine_scale": layer["scale"]}
+        trained_on = "unit vector" if tuned["params"]["cosine_scale"] else "mean-pooled vector"
+        record["head"] = {"joint": True, "trained_on": trained_on, "scale": layer["scale"]}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result

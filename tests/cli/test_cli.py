@@ -215,9 +215,15 @@ def test_train_and_evaluate_small(tmp_path: Path) -> None:
     rows = pd.read_csv(VALID_CSV).groupby("label").head(60)  # 180 rows, all 3 classes
     data = tmp_path / "small.parquet"
     pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), data)
+    more = tmp_path / "more.csv"  # --add-data: trained on with DATA, hold-out from both
+    pd.read_csv(VALID_CSV).groupby("label").tail(10).to_csv(more, index=False)
     model = tmp_path / "clf"
-    r = docintel("train", data, "--out", model, "--label-names", "Bearish,Bullish,Neutral")
+    names = "Bearish,Bullish,Neutral"
+    r = docintel("train", data, "--out", model, "--label-names", names, "--add-data", more)
     assert r.returncode == 0, r.stderr[-3000:]
+    training = json.loads((model / "training.json").read_text())
+    assert training["rows"] == 210 and training["holdout_rows"] == 21
+    assert training["data"] == "small.parquet" and training["more_data"] == ["more.csv"]
     assert {"model.keras", "labels.json", "training.json", "metrics.json"} <= {
         p.name for p in model.iterdir()
     }

@@ -72,7 +72,10 @@ def test_unknown_method_is_a_usage_error(tmp_path: Path, data: Path) -> None:
     assert "qlora" in _flat(r.stderr) and not (tmp_path / "m").exists()
 
 
-def test_joint_head_without_fine_tuning_is_a_usage_error(tmp_path: Path, data: Path) -> None:
-    r = docintel("train", data, "--out", tmp_path / "m", "--head", "joint")
+@pytest.mark.parametrize("head", ["joint", "cosine"])
+def test_joint_head_without_fine_tuning_is_a_usage_error(
+    tmp_path: Path, data: Path, head: str
+) -> None:
+    r = docintel("train", data, "--out", tmp_path / "m", "--head", head)
     assert r.returncode == 2
     assert "--fine-tune" in _flat(r.stderr) and not (tmp_path / "m").exists()

@@ -237,46 +237,59 @@ def test_base_reference_is_portable_for_the_stock_encoder(tmp_path: Path) -> Non
     assert ClassifyConfig(model_dir="stock").resolved_model_dir().name == "finsent"
 
 
-def test_joint_head_is_the_fine_tuning_layer_exported_to_keras(tmp_path: Path) -> None:
-    """`--head joint`: the Keras head written is the linear layer trained with the encoder.
-    Its probabilities on the embed stage's vectors equal the softmax of the torch
-    fine-tuning model (encoder, mean pooling, unit vector times the scale, the layer) on
-    the same sentences, and its hold-out macro-F1 is the best epoch's."""
+@pytest.mark.parametrize("head", ["joint", "cosine"])
+def test_joint_head_is_the_fine_tuning_layer_exported_to_keras(tmp_path: Path, head: str) -> None:
+    """`--head joint` / `--head cosine`: the Keras head written is the linear layer trained
+    with the encoder. Its probabilities on the embed stage's vectors equal the softmax of
+    the torch fine-tuning model (encoder, mean pooling, unit vector times the scale, the
+    layer) on the same sentences, and its hold-out macro-F1 is the best epoch's. For
+    `joint` (the layer trained on the mean-pooled vector) the scale is the held-out
+    median norm of those vectors, and the labels are the layer's own on them."""
     import keras
     import torch
     from transformers import AutoTokenizer
 
-    from docintel.pipeline.offline.finetune import JOINT_SCALE, _Tuner
+    from docintel.pipeline.offline.finetune import COSINE_SCALE, _Tuner
     from docintel.pipeline.offline.train import HeadParams, train
 
-    out = tmp_path / "joint"
+    out = tmp_path / head
+    cosine = COSINE_SCALE if head == "cosine" else 0.0
+    params = FineTuneParams(
+        method="lora", epochs=1, batch_size=8, cosine_scale=cosine, keep_layer=head == "joint"
+    )
     result = train(
         tiny_labelled(tmp_path / "tiny.csv"), out, EmbedConfig(model_path="stock"), LABEL_NAMES,
-        params=HeadParams(members=1, hidden=()), seed=0,
-        fine_tune=FineTuneParams(method="lora", epochs=1, batch_size=8, cosine_scale=JOINT_SCALE),
+        params=HeadParams(members=1, hidden=()), seed=0, fine_tune=params,
     )  # fmt: skip
     training = json.loads((out / "training.json").read_text())
-    assert training["head"] == {"joint": True, "cosine_scale": JOINT_SCALE}
-    assert training["fine_tune"]["params"]["cosine_scale"] == JOINT_SCALE
+    scale = training["head"]["scale"]
+    trained_on = "unit vector" if cosine else "mean-pooled vector"
+    assert training["head"] == {"joint": True, "trained_on": trained_on, "scale": scale}
+    assert scale == COSINE_SCALE if cosine else 2.0 < scale < 20.0  # stock MiniLM: ~4
+    assert training["fine_tune"]["params"]["cosine_scale"] == cosine
     assert "joint_layer" not in training["fine_tune"]
     assert training["calibration"]["temperature"] > 0 and "ece" in result
     assert result["macro_f1"] == training["fine_tune"]["epochs"][0]["holdout_macro_f1"]
-    head = keras.models.load_model(out / "model.keras")
-    kernel, bias = head.get_weights()
+    head_model = keras.models.load_model(out / "model.keras")
+    kernel, bias = head_model.get_weights()
     assert kernel.shape == (384, 3)
 
     emb = Embedder(EmbedConfig(model_path=str(out / ENCODER_SUBDIR)))
     emb.setup()  # the adapter merged into the base, as every run loads it
-    vectors = emb.encode(TEXTS * 2 + ["Flat open; volumes thin ahead of the Fed."])[0]
-    keras_probs = np.asarray(head(vectors, training=False))
+    texts = TEXTS * 2 + ["Flat open; volumes thin ahead of the Fed."]
+    keras_probs = np.asarray(head_model(emb.encode(texts)[0], training=False))
     tok = AutoTokenizer.from_pretrained(str(out / ENCODER_SUBDIR))
-    tuner = _Tuner(emb.model, 3, tok.pad_token_id, seed=0, scale=JOINT_SCALE)
+    tuner = _Tuner(emb.model, 3, tok.pad_token_id, seed=0, scale=scale)
     with torch.no_grad():
-        tuner.linear.weight.copy_(torch.as_tensor(kernel.T / JOINT_SCALE))
+        tuner.linear.weight.copy_(torch.as_tensor(kernel.T / scale))
         tuner.linear.bias.copy_(torch.as_tensor(bias))
     tuner.train(False)
-    ids = tok(TEXTS * 2 + ["Flat open; volumes thin ahead of the Fed."])["input_ids"]
+    ids = tok(texts)["input_ids"]
     with torch.inference_mode():
         torch_probs = torch.softmax(tuner.logits(ids), dim=1).numpy()
+        tuner.scale = 0.0  # the layer on the mean-pooled vectors, as it was trained
+        own_labels = tuner.logits(ids).argmax(1).numpy()
     np.testing.assert_allclose(keras_probs, torch_probs, atol=1e-5)
     assert (keras_probs.max(axis=1) < 0.999).all()  # not saturated: the check means something
+    if not cosine:
+        assert (keras_probs.argmax(1) == own_labels).all()
