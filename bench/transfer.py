@@ -18,7 +18,8 @@ A candidate is NAME=FOLDER[:ENCODER] (ENCODER: "stock" or a folder; default FOLD
 when it exists). ``--recalibrate`` first fits the temperature of each head on its own
 hold-out of sent_train.csv and writes it into its training.json; ``--write-metrics``
 rewrites its metrics.json as `docintel train --score-on sent_valid.csv --score-on
-sent_valid_newsstyle.csv` would (top-level ``ece``: sent_valid.csv's).
+sent_valid_newsstyle.csv --score-on news_sentences.csv` would (top-level ``ece``:
+sent_valid.csv's).
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
     def f1(rows: np.ndarray) -> float:
         return round(metrics(y[rows], pred[rows], LABELS)["macro_f1"], 4)
 
-    if write_metrics:  # metrics.json as `docintel train --score-on VALID --score-on NEWS`
+    w_texts, w_raw = load_labelled(WRITTEN)
+    w_p = apply_temperature(clf.predict(embed_texts(w_texts, cfg)[0]), temperature)
+    written = metrics(np.array([int(v) for v in w_raw]), w_p.argmax(1), LABELS)
+    if write_metrics:  # metrics.json as `docintel train --score-on` VALID, NEWS, WRITTEN
         holdout = json.loads((folder / "metrics.json").read_text())
         for key in ("split", "ece", "ece_split", "ece_holdout", "evaluations"):
             holdout.pop(key, None)
@@ -82,10 +86,9 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
             f.name: {**metrics(y[rows], pred[rows], LABELS), "ece": ece(p[rows], y[rows])}
             for f, rows in ((VALID, np.ones(len(y), bool)), (NEWS, is_news))
         }
+        w_y = np.array([int(v) for v in w_raw])
+        scored[WRITTEN.name] = {**written, "ece": ece(w_p, w_y)}
         write_holdout_metrics(folder, holdout, scored)
-    w_texts, w_raw = load_labelled(WRITTEN)
-    w_pred = clf.predict(embed_texts(w_texts, cfg)[0]).argmax(1)
-    written = metrics(np.array([int(v) for v in w_raw]), w_pred, LABELS)
     return {
         "folder": str(folder),
         "in_domain_macro_f1": f1(np.ones(len(y), bool)),
@@ -113,7 +116,7 @@ def main() -> None:
     ap.add_argument(
         "--write-metrics",
         action="store_true",
-        help="rewrite each folder's metrics.json with its sent_valid / news-style scores",
+        help="rewrite each folder's metrics.json with its scores on the three files",
     )
     args = ap.parse_args()
     from docintel.pipeline.config import EmbedConfig

@@ -44,7 +44,12 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from docintel.pipeline.artefacts import ADAPTER_BASE_FILE, STOCK, stock_encoder_dir
+from docintel.pipeline.artefacts import (
+    ADAPTER_BASE_FILE,
+    ADAPTER_CONFIG_FILE,
+    STOCK,
+    stock_encoder_dir,
+)
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.offline.metrics import metrics
 from docintel.pipeline.stages.base import usable_cores
@@ -470,6 +475,16 @@ def fine_tune(
     }
 
 
+def _sort_target_modules(config: Path) -> None:
+    """peft writes ``target_modules`` from a set, in an order that changes with the
+    interpreter's hash seed; sorted, the same training writes the same bytes (and so the
+    same model version)."""
+    record = json.loads(config.read_text())
+    if isinstance(record.get("target_modules"), list):
+        record["target_modules"] = sorted(record["target_modules"])
+        config.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def _kept_layer(tuner: _Tuner, params: FineTuneParams, hold: list[list[int]]) -> dict[str, Any]:
     """``{JOINT_LAYER: layer}`` when the layer is kept (a layer trained on the mean-pooled
     vector gets the held-out median norm as its scale), else nothing."""
@@ -496,6 +511,7 @@ def _save(encoder: Any, params: FineTuneParams, base: Path, base_ref: str, out: 
             # "auto" would look the base up on a model hub to find out
             encoder.save_pretrained(str(staged), save_embedding_layers=False)
             (staged / "README.md").unlink(missing_ok=True)  # peft's model card stub
+            _sort_target_modules(staged / ADAPTER_CONFIG_FILE)
             shutil.copy2(base / "config.json", staged / "config.json")
             (staged / ADAPTER_BASE_FILE).write_text(
                 json.dumps({"base": base_ref, "base_version": fingerprint(base)}, indent=2) + "\n"
