@@ -82,7 +82,7 @@ AddDataOpt = Annotated[
         "--add-data",
         metavar="FILE",
         help="More labelled CSV/Parquet to train on with DATA (same columns and label ids; "
-        "repeatable). The hold-out is drawn from all the rows.",
+        "repeatable; default: none). The hold-out is drawn from all the rows.",
         exists=True,
         dir_okay=False,
     ),
