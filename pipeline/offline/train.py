@@ -247,6 +247,29 @@ def _inference_copy(model: Any) -> Any:
     return clean
 
 
+def save_pinned(model: Any, path: Path) -> None:
+    """``model.save(path)`` with the archive's two clocks stopped: Keras writes the save
+    time into ``metadata.json`` and the zip entries' dates, so two identical trainings
+    wrote different bytes, and so different model versions. Both are set to the zip
+    epoch (1980-01-01); the weights and the config are Keras's own bytes."""
+    import zipfile
+
+    model.save(path)
+    with zipfile.ZipFile(path) as z:
+        entries = [(info, z.read(info.filename)) for info in z.infolist()]
+    with zipfile.ZipFile(path, "w") as z:
+        for info, data in entries:
+            body = data
+            if info.filename == "metadata.json":
+                meta = json.loads(data)
+                meta["date_saved"] = "1980-01-01@00:00:00"
+                body = json.dumps(meta).encode()
+            pinned = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
+            pinned.compress_type = info.compress_type
+            pinned.external_attr = info.external_attr
+            z.writestr(pinned, body)
+
+
 @dataclass(frozen=True)
 class _Classes:
     """A labelled file as classes: its texts, their class ids, the class names (id order)
@@ -380,7 +403,7 @@ def _save_head(
     calibration = calibration_record(raw, y, "holdout")
     result = {**metrics(y, raw.argmax(axis=1), c.names), "ece": calibration["ece_after"]}
     out.mkdir(parents=True, exist_ok=True)
-    _inference_copy(model).save(out / CLASSIFIER_MODEL_FILE)
+    save_pinned(_inference_copy(model), out / CLASSIFIER_MODEL_FILE)
     (out / LABELS_FILE).write_text(json.dumps(c.names) + "\n")
     return result, calibration
 

@@ -168,3 +168,28 @@ def test_train_normalise_text_is_recorded_and_reused_by_recalibrate(tmp_path):
     training = json.loads((out / "training.json").read_text())
     assert training["normalise_text"] is True
     assert recalibrate(out, data, cfg, LABEL_NAMES) == training["calibration"]
+
+
+def test_save_pinned_writes_the_same_bytes_for_the_same_head(tmp_path):
+    """Keras stamps the save time into model.keras (metadata.json, the zip dates), so the
+    same trained head saved twice had two versions; pinned, the bytes are equal and the
+    file loads back with the same weights."""
+    import os
+    import time
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
+    from docintel.pipeline.offline.train import save_pinned
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    save_pinned(model, tmp_path / "a.keras")
+    time.sleep(1.1)  # Keras's save date has whole seconds
+    model.save(tmp_path / "plain.keras")
+    save_pinned(model, tmp_path / "b.keras")
+    assert (tmp_path / "a.keras").read_bytes() == (tmp_path / "b.keras").read_bytes()
+    assert (tmp_path / "a.keras").read_bytes() != (tmp_path / "plain.keras").read_bytes()
+    back = keras.saving.load_model(tmp_path / "b.keras", compile=False)
+    for want, got in zip(model.get_weights(), back.get_weights(), strict=True):
+        np.testing.assert_array_equal(want, got)
