@@ -426,6 +426,24 @@ def write_metrics(out: Path, holdout: dict[str, Any], scored: dict[str, Any]) ->
     (out / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def _how_trained(
+    normalise: bool,
+    more_data: Sequence[Path],
+    layer: dict[str, Any] | None,
+    tuned: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The training record's optional keys: text normalisation, the added files, and for
+    a kept layer what it was trained on and the scale its export folded in."""
+    extra: dict[str, Any] = {NORMALISE_KEY: True} if normalise else {}
+    if more_data:
+        extra["more_data"] = [f.name for f in more_data]
+    if layer is not None and tuned is not None:
+        cosine = tuned["params"]["cosine_scale"]
+        trained_on = "unit vector" if cosine else "mean-pooled vector"
+        extra["head"] = {"joint": True, "trained_on": trained_on, "scale": layer["scale"]}
+    return extra
+
+
 def train(
     data: Path,
     out: Path,
@@ -481,13 +499,7 @@ def train(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
     record[CALIBRATION_KEY] = calibration
-    if normalise:
-        record[NORMALISE_KEY] = True
-    if more_data:
-        record["more_data"] = [f.name for f in more_data]
-    if layer is not None:
-        trained_on = "unit vector" if tuned["params"]["cosine_scale"] else "mean-pooled vector"
-        record["head"] = {"joint": True, "trained_on": trained_on, "scale": layer["scale"]}
+    record |= _how_trained(normalise, more_data, layer, tuned)
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result
