@@ -75,7 +75,8 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
 
     w_texts, w_raw = load_labelled(WRITTEN)
     w_p = apply_temperature(clf.predict(embed_texts(w_texts, cfg)[0]), temperature)
-    written = metrics(np.array([int(v) for v in w_raw]), w_p.argmax(1), LABELS)
+    w_y = np.array([int(v) for v in w_raw])
+    written = metrics(w_y, w_p.argmax(1), LABELS)
     if write_metrics:  # metrics.json as `docintel train --score-on` VALID, NEWS, WRITTEN
         holdout = json.loads((folder / "metrics.json").read_text())
         for key in ("split", "ece", "ece_split", "ece_holdout", "evaluations"):
@@ -86,7 +87,6 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
             f.name: {**metrics(y[rows], pred[rows], LABELS), "ece": ece(p[rows], y[rows])}
             for f, rows in ((VALID, np.ones(len(y), bool)), (NEWS, is_news))
         }
-        w_y = np.array([int(v) for v in w_raw])
         scored[WRITTEN.name] = {**written, "ece": ece(w_p, w_y)}
         write_holdout_metrics(folder, holdout, scored)
     return {

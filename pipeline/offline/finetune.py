@@ -248,17 +248,23 @@ def _with_lora(encoder: Any, params: FineTuneParams, base_ref: str) -> Any:
     return model
 
 
+def _length_batches(ids: list[list[int]]) -> Iterator[list[int]]:
+    """Row indices of ``ids`` in batches of EVAL_BATCH, shortest first (little padding)."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for a in range(0, len(order), EVAL_BATCH):
+        yield order[a : a + EVAL_BATCH]
+
+
 def _median_norm(tuner: _Tuner, ids: list[list[int]]) -> float:
     """The median norm of the mean-pooled vectors of ``ids`` (the held-out sentences):
     the constant a layer trained on those vectors is exported with (``keep_layer``)."""
     import torch
 
     tuner.train(False)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
     norms = []
     with torch.inference_mode():
-        for a in range(0, len(order), EVAL_BATCH):
-            pooled = tuner.pooled([ids[i] for i in order[a : a + EVAL_BATCH]])
+        for rows in _length_batches(ids):
+            pooled = tuner.pooled([ids[i] for i in rows])
             norms.append(torch.linalg.vector_norm(pooled.float(), dim=1).numpy())
     return float(np.median(np.concatenate(norms)))
 
@@ -288,11 +294,9 @@ def _evaluate(
     import torch
 
     tuner.train(False)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # little padding
     logits = torch.zeros((len(ids), tuner.linear.out_features))
     with torch.inference_mode():
-        for a in range(0, len(order), EVAL_BATCH):
-            rows = order[a : a + EVAL_BATCH]
+        for rows in _length_batches(ids):
             logits[rows] = tuner.logits([ids[i] for i in rows])
     target = torch.as_tensor(y)
     loss = torch.nn.functional.cross_entropy(logits, target, weight=weight)
