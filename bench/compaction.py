@@ -28,8 +28,9 @@ sys.path.insert(0, str(REPO))
 from bench.common import load_average, machine_lines  # noqa: E402
 from docintel.pipeline import compact  # noqa: E402
 from docintel.pipeline.batch import Batch  # noqa: E402
+from docintel.pipeline.formats.parquet import write_batch  # noqa: E402
 from docintel.pipeline.schema import empty_errors  # noqa: E402
-from docintel.pipeline.sink import TABLES, write_batch  # noqa: E402
+from docintel.pipeline.sink import TABLES  # noqa: E402
 
 LABELS = ["Bearish", "Bullish", "Neutral"]
 DIM = 384

@@ -114,9 +114,19 @@ FormatOpt = Annotated[
     str | None,
     typer.Option(
         "--format",
-        help="Table format of OUTPUT: parquet (one run per folder) or iceberg (OUTPUT is a "
+        help="Table format of OUTPUT: parquet (one run per folder), iceberg (OUTPUT is a "
         "warehouse of Iceberg tables each run appends to; the config's output table sets "
-        "the catalog). Default: parquet.",
+        "the catalog) or delta (Delta Lake tables at OUTPUT/documents, sentences and errors "
+        "each run appends to). Default: parquet.",
+    ),
+]
+AppendOpt = Annotated[
+    bool,
+    typer.Option(
+        "--append",
+        help="With --format iceberg or delta: append the input as a new run even when a "
+        "completed run of the same input and plan is already in OUTPUT (without it, such a "
+        "run is a no-op that names the completed run).",
     ),
 ]
 ModelOpt = Annotated[
@@ -152,6 +162,7 @@ def run(
     ray_address: RayAddressOpt = None,
     model: ModelOpt = None,
     table_format: FormatOpt = None,
+    append: AppendOpt = False,
     progress: ProgressOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -178,6 +189,7 @@ def run(
         "run.num_gpus": gpus,
         "run.ray_address": ray_address,
         "output.format": table_format,
+        "run.append": True if append else None,
         "run.show_progress": None if progress else False,
         "run.verbose": True if verbose else None,
     }

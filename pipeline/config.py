@@ -196,6 +196,10 @@ class RunConfig(_Strict):
     # the whole batch as one CPU call. Scheduling only: the output is the same.
     spill_slicing: bool = True
     run_id: str = ""
+    # A warehouse format (Iceberg, Delta): a run with no run id whose input and plan match
+    # a completed run of the warehouse is a no-op naming that run; true (--append) appends
+    # the same input again as a new run.
+    append: bool = False
     embeddings: bool = True
     # Parts of consecutive small batches are merged at the end of a run into files of
     # about this many MiB (all three tables' parts of a batch count); 0 = one file per
@@ -432,12 +436,13 @@ SECRET_PROPERTY_WORDS = ("credential", "token", "secret", "password", "access-ke
 
 
 class OutputConfig(_Strict):
-    """The table format of OUTPUT. "parquet": one run per folder (Parquet parts and
-    _manifest.json); "iceberg": OUTPUT is a warehouse of Iceberg tables (pipeline/sink_iceberg.py)
-    that every run appends to. No catalog configured: an embedded SQL catalog in
-    OUTPUT/_catalog.db (local outputs only)."""
+    """The table format of OUTPUT (one module each in pipeline/formats/). "parquet": one run
+    per folder (Parquet parts and _manifest.json); "iceberg": OUTPUT is a warehouse of
+    Iceberg tables that every run appends to (no catalog configured: an embedded SQL
+    catalog in OUTPUT/_catalog.db, local outputs only); "delta": Delta Lake tables at
+    OUTPUT/documents, sentences and errors that every run appends to (local outputs)."""
 
-    format: Literal["parquet", "iceberg"] = "parquet"
+    format: Literal["parquet", "iceberg", "delta"] = "parquet"
     namespace: str = Field(DEFAULT_NAMESPACE, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     catalog_uri: str = ""  # "" = the embedded SQL catalog; else e.g. a REST catalog's URL
     catalog_type: str = ""  # "" = "rest" with a catalog_uri; any pyiceberg catalog type

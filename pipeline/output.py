@@ -48,33 +48,36 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from docintel.pipeline import formats
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
 from docintel.pipeline.plan import Plan
 from docintel.pipeline.sink import (
-    RUN_STATE,
     BatchStats,
     Existing,
     RunSink,
     TaskMap,
-    parquet_sink,
     resolve_output,
 )
-from docintel.pipeline.sink_iceberg import IcebergSink
 from docintel.pipeline.source import InputFile
 from docintel.pipeline.storage import display_uri, is_local, s3_error
 
-# RUN_STATE is re-exported: the audit tells a partition that holds a run by it
-__all__ = ["RUN_STATE", "ErrorBudget", "RunOutput", "RunSummary", "plan_key", "sink_for"]
+__all__ = ["ErrorBudget", "RunOutput", "RunSummary", "plan_key", "sink_for"]
 
 
 def sink_for(fs: pafs.FileSystem, root: str, p: Plan) -> RunSink:
-    """The sink a run writes OUTPUT with: the one place a table format is chosen
-    (``[output] format``, ``--format``). Here, not in sink.py: the sinks import that."""
-    if p.cfg.output.format == "iceberg":
-        return IcebergSink(fs, root, p.cfg, tuple(p.labels), tuple(p.stages))
-    return parquet_sink(fs, root, p.cfg, p.labels)
+    """The sink a run writes OUTPUT with, in the configured table format (``[output]
+    format``, ``--format``), after refusing (exit 2) an output that holds another
+    format's (pipeline/formats/: each format's markers tell)."""
+    fmt = formats.get(p.cfg.output.format)
+    found = formats.detect(fs, root)
+    if found is not None and found is not fmt:
+        raise UsageError(
+            f"output {display_uri(fs, root)} holds {found.what}, not {fmt.name} output; write "
+            f"to it with --format {found.name}, or choose an empty output folder"
+        )
+    return fmt.sink(fs, root, p.cfg, p.labels, p.stages)
 
 
 @dataclass
@@ -323,6 +326,17 @@ def _check_resumable(
     )
 
 
+def _same_run(sink: RunSink, p: Plan, key: dict[str, Any], run_id: str) -> Existing | None:
+    """A completed run of the same input and plan in a warehouse of appending runs: a run
+    with no run id of its own (and no ``--append``) is a no-op that names it."""
+    if run_id or p.cfg.run.append:
+        return None
+    for manifest in sink.completed():
+        if _difference(_recorded(manifest), key) is None:
+            return Existing(manifest, None)
+    return None
+
+
 def _check(found: Existing, p: Plan, key: dict[str, Any], output_uri: str, run_id: str) -> None:
     """Refuse (exit 2) what OUTPUT holds if this run may not complete or resume it."""
     if found.manifest is not None:
@@ -414,6 +428,7 @@ class RunOutput:
         with _opening(fs, root):
             sink = sink_for(fs, root, p)
             found = sink.open()  # read only; refuses a file, or tables of no run
+            found = _same_run(sink, p, key, run_id) or found
             _check(found, p, key, output_uri, run_id)
             lease = Lease(fs, root, p.cfg.storage, what, run.lease_ttl_s, run.lease_wait_s)
         if found.manifest is not None:

@@ -4,10 +4,10 @@
 that is not committed (no ``_manifest.json``) or has no embeddings (a ``--no-embeddings``
 run), and yields the sentences table as Arrow record batches of the wanted columns, one
 Parquet row group at a time (memory is bounded by the batch and one row group, whatever
-the table's size). :meth:`SentencesSource.batches` is the one place that knows the table
-format, through :class:`~docintel.pipeline.tables.RunTables`: Parquet parts, or, for an
-Iceberg warehouse (``--format iceberg``), the rows one run appended (the latest committed
-run unless a run id is given).
+the table's size). :meth:`SentencesSource.open` asks the format registry (pipeline/formats/) which
+format wrote the output and reads through its :class:`~docintel.pipeline.tables.RunTables`:
+a Parquet run folder's parts, or, for a warehouse format (Iceberg, Delta Lake), the rows
+one run appended (the latest committed run unless a run id is given).
 
 Also here, because both the exact scan and the index use them: the filters
 (:class:`Filters`), the hit columns and cosine similarity over an embedding column.
@@ -27,36 +27,19 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from docintel.pipeline import formats
 from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.sink import ICEBERG_MARKERS, MANIFEST, read_json
-from docintel.pipeline.sink_iceberg import RUNS
+from docintel.pipeline.sink import MANIFEST
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
-from docintel.pipeline.tables import IcebergRun, ParquetRun, RunTables
+from docintel.pipeline.tables import RunTables
 
 SENTENCES = "sentences"
 READ_BATCH_ROWS = 8192  # rows per record batch: 8192 x 384 floats = 12 MiB of embeddings
 SIMILARITY = "similarity"
 HIT_COLUMNS = (DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE)
 HIT_KEYS = (*HIT_COLUMNS, SIMILARITY)  # one hit, as --json writes it
-
-
-def _iceberg_run(fs: pafs.FileSystem, root: str, cfg: Config, run_id: str | None) -> IcebergRun:
-    """The run ``run_id`` of the warehouse ``root``, else its latest committed run."""
-    if not run_id:
-        runs = []
-        for info in fs.get_file_info(pafs.FileSelector(f"{root}/{RUNS}", allow_not_found=True)):
-            manifest = read_json(fs, f"{info.path}/{MANIFEST}")
-            if info.type == pafs.FileType.Directory and manifest is not None:
-                runs.append((str(manifest.get("finished") or ""), info.base_name))
-        if not runs:
-            raise InputError(
-                f"{display_uri(fs, root)} is an Iceberg warehouse with no committed run "
-                "(no _runs/<run id>/_manifest.json): finish (or resume) a run first"
-            )
-        run_id = max(runs)[1]
-    return IcebergRun(fs, root, cfg, run_id)
 
 
 @dataclass
@@ -76,7 +59,8 @@ class SentencesSource:
 
     @property
     def table_format(self) -> str:
-        return "iceberg" if isinstance(self.tables, IcebergRun) else "parquet"
+        """The format that wrote the run (a warehouse format's manifest names it)."""
+        return formats.of_manifest(self.manifest).name
 
     @classmethod
     def open(
@@ -95,11 +79,8 @@ class SentencesSource:
         check_bucket(fs, root, "input")
         root = root.rstrip("/") or "/"
         try:
-            names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root, True))}
-            if names & set(ICEBERG_MARKERS):
-                tables: RunTables = _iceberg_run(fs, root, cfg, run_id)
-            else:
-                tables = ParquetRun(fs, root)
+            fmt = formats.detect(fs, root) or formats.DEFAULT
+            tables = fmt.run_tables(fs, root, cfg, run_id)
             manifest = tables.manifest()
         except OSError as e:
             if is_local(fs):
@@ -158,7 +139,7 @@ class SentencesSource:
     def key(self) -> str:
         """What the sentences table is now: the committed run (id, commit time) and its
         files (name, size, modification time). Any rewrite of the output changes it."""
-        if isinstance(self.tables, IcebergRun):  # a run's data files are never rewritten
+        if formats.get(self.table_format).warehouse:  # a run's data files are never rewritten
             return self._digest(sorted(p.key for p in self.tables.parts(SENTENCES)))
         sel = pafs.FileSelector(f"{self.root}/{SENTENCES}", allow_not_found=True)
         try:

@@ -3,23 +3,20 @@
 and `docintel search` / `docintel index` read a run's sentences through it
 (pipeline/search_source.py).
 
-* :class:`ParquetRun`: a Parquet run folder (``<table>/part-*.parquet``, ``_manifest.json``).
-* :class:`IcebergRun`: the rows one run appended to the Iceberg tables of a warehouse
-  (``[output] format = "iceberg"``): the data files that the run's snapshots added (the
-  snapshots whose summary holds its run id), read as the Parquet files they are, and the
-  run's manifest under ``OUTPUT/_runs/<run id>/``. Exact, because a docintel run appends
-  each batch exactly once and deletes nothing; it reads the files as the run wrote them,
-  also after later snapshots (another night's, a compaction) until their snapshots are
-  expired. The tables have no run-id column, so this beats a filtered scan of the table.
+Each table format (pipeline/formats/) implements :class:`RunTables` next to its sink:
+Parquet parts read a run folder's parts; a warehouse format (Iceberg, Delta Lake) reads
+the data files that the run's own commits added (found by the run id in their commit
+metadata), as the Parquet files they are, and the run's manifest under
+``OUTPUT/_runs/<run id>/``. Exact, because a docintel run appends each batch exactly once
+and deletes nothing; the tables have no run-id column, so this beats a filtered scan.
 
-Both read one file at a time, record batch by record batch, only the columns asked for:
+Every reader reads one file at a time, record batch by record batch, only the columns asked for:
 memory does not grow with the run. Strings and lists come as docintel writes them
 (``string``, ``list``), without Iceberg's field ids.
 """
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,12 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from docintel.pipeline.config import Config
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.schema import DOC_ID, EMBEDDING
-from docintel.pipeline.sink import MANIFEST, PART, SUFFIX, part_files, read_json
-from docintel.pipeline.sink_iceberg import IcebergSink
-from docintel.pipeline.storage import display_uri
 
 READ_BATCH_ROWS = 16_384  # rows per record batch: bounds memory on huge files
 
@@ -125,49 +118,3 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_list(t) or pa.types.is_list(t):
         return pa.list_(_plain_type(t.value_type))
     return t
-
-
-class ParquetRun(RunTables):
-    """A run folder of Parquet output (one run per folder)."""
-
-    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
-        self.fs, self.root = fs, root.rstrip("/") or "/"
-        self.home = self.root
-        self.uri = display_uri(fs, self.root)
-        self.manifest_uri = f"{self.uri}/{MANIFEST}"
-
-    def manifest(self) -> dict[str, Any] | None:
-        return read_json(self.fs, f"{self.root}/{MANIFEST}")
-
-    def parts(self, table: str) -> list[Part]:
-        return [
-            Part(
-                key=path.rsplit("/", 1)[1][len(PART) : -len(SUFFIX)],
-                uri=display_uri(self.fs, path),
-                opener=functools.partial(self.fs.open_input_file, path),
-            )
-            for path in part_files(self.fs, self.root, table)  # hidden temporaries skipped
-        ]
-
-
-class IcebergRun(RunTables):
-    """The rows run ``run_id`` appended to the Iceberg tables of the warehouse ``root``
-    (the catalog as ``cfg``'s ``[output]`` configures it)."""
-
-    def __init__(self, fs: pafs.FileSystem, root: str, cfg: Config, run_id: str) -> None:
-        cfg = cfg.with_overrides({"run.run_id": run_id})
-        self.sink = IcebergSink(fs, root, cfg, labels=())
-        self.fs, self.run_id = fs, run_id
-        self.root, self.home = self.sink.root, self.sink.run_dir
-        ns = cfg.output.namespace
-        self.uri = f"{run_id} in the Iceberg tables {ns}.* of {self.sink.catalog_name}"
-        self.manifest_uri = display_uri(fs, f"{self.sink.run_dir}/{MANIFEST}")
-
-    def manifest(self) -> dict[str, Any] | None:
-        return read_json(self.fs, f"{self.sink.run_dir}/{MANIFEST}")
-
-    def parts(self, table: str) -> list[Part]:
-        return [
-            Part(key=path.rsplit("/", 1)[1].removesuffix(SUFFIX), uri=path, opener=opener)
-            for path, opener in self.sink.run_data_files(table)
-        ]

@@ -43,8 +43,9 @@ from docintel.pipeline.audit.state import (
     write_json,
 )
 from docintel.pipeline.audit.tables import NightTables
+from docintel.pipeline.formats.parquet import PART, SUFFIX, part_files
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL
-from docintel.pipeline.sink import PART, SUFFIX, atomic_write, part_files
+from docintel.pipeline.sink import atomic_write
 from docintel.pipeline.tables import Part, plain
 
 LATEST_DIR = "latest"

@@ -37,7 +37,7 @@ from docintel.pipeline.audit.state import (
 )
 from docintel.pipeline.audit.tables import (
     NightTables,
-    check_iceberg_output,
+    check_output,
     night_tables,
     run_id_of,
     run_output,
@@ -223,7 +223,7 @@ def _audit_one(
 
 def _models(cfg: Config, lay: AuditLayout) -> dict[str, str]:
     """The versions of the night's models; the classifier must know ``[audit] risk_label``.
-    With Iceberg output, the warehouse must take the night's rows (else exit 2 here)."""
+    With a warehouse format, it must take the night's rows (else exit 2 here)."""
     ensure_derived(cfg)  # what the night's run will need, built before anything is staged
     labels, versions, _ = check_models(cfg)
     if cfg.audit.risk_label not in labels:
@@ -232,7 +232,7 @@ def _models(cfg: Config, lay: AuditLayout) -> dict[str, str]:
             f"{cfg.classify.resolved_model_dir()} (its labels: {', '.join(labels)}); set "
             "[audit] risk_label to one of them"
         )
-    check_iceberg_output(cfg, lay, labels)
+    check_output(cfg, lay, labels)
     return versions  # per stage: the sentencizer's spaCy pipeline, the models' versions
 
 

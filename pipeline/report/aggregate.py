@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from docintel.pipeline.errors import ConfigError, InputError, UsageError
+from docintel.pipeline.formats.parquet import ParquetRun
 from docintel.pipeline.report.html import render_html
 from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
 from docintel.pipeline.report.review import (
@@ -40,7 +41,7 @@ from docintel.pipeline.report.review import (
 )
 from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.sink import atomic_write
-from docintel.pipeline.tables import ParquetRun, RunTables
+from docintel.pipeline.tables import RunTables
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

@@ -21,7 +21,7 @@ from docintel.actors.runner import execute
 from docintel.pipeline.audit import AuditSummary, run_audit
 from docintel.pipeline.errors import UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
-from docintel.pipeline.sink_iceberg import BATCHES_KEY, RUN_ID_KEY
+from docintel.pipeline.formats.warehouse import BATCHES_KEY, RUN_ID_KEY
 from tests.conftest import sigkill_after_parts
 from tests.integration.test_audit import _cfg, _texts, _write
 from tests.integration.test_iceberg import _catalog

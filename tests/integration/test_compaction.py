@@ -11,7 +11,7 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.pipeline import compact
-from docintel.pipeline.sink import ParquetPartsSink, part_path
+from docintel.pipeline.formats.parquet import ParquetPartsSink, part_path
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 FS = pafs.LocalFileSystem()

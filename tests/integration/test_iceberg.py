@@ -20,7 +20,8 @@ from docintel.actors.runner import execute
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import ConfigError, RunFailed, UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
-from docintel.pipeline.sink_iceberg import BATCHES_KEY, RUN_ID_KEY, IcebergSink
+from docintel.pipeline.formats.iceberg import IcebergSink
+from docintel.pipeline.formats.warehouse import BATCHES_KEY, RUN_ID_KEY
 from tests.conftest import REPO, run_config, sigkill_after_parts, write_docs
 
 ICEBERG = {"output.format": "iceberg", "run.embeddings": True}

@@ -17,9 +17,10 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
 
-import docintel.pipeline.sink as sink_module
+import docintel.pipeline.formats.parquet as sink_module
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.formats.parquet import ParquetPartsSink, part_files, part_path
 from docintel.pipeline.lease import (
     LEASE_FILE,
     Claim,
@@ -45,7 +46,7 @@ from docintel.pipeline.schema import (
     TEXT,
     TRUNCATED,
 )
-from docintel.pipeline.sink import TABLES, ParquetPartsSink, part_files, part_path
+from docintel.pipeline.sink import TABLES
 
 FS = pafs.LocalFileSystem()
 STORAGE = StorageConfig()

@@ -24,6 +24,13 @@ import pytest
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import UsageError
+from docintel.pipeline.formats.parquet import (
+    ParquetPartsSink,
+    part_files,
+    part_path,
+    read_batch_stats,
+    write_batch,
+)
 from docintel.pipeline.schema import (
     DOC_ID,
     ERRORS_SCHEMA,
@@ -33,17 +40,12 @@ from docintel.pipeline.schema import (
     sentences_schema,
 )
 from docintel.pipeline.sink import (
-    ParquetPartsSink,
     atomic_write,
     documents_table,
     in_process,
-    part_files,
-    part_path,
-    read_batch_stats,
     read_manifest,
     resolve_output,
     sentences_table,
-    write_batch,
     write_manifest,
 )
 from docintel.pipeline.source import plan, read_unit, resolve_input

@@ -1,0 +1,317 @@
+"""Iceberg output (``--format iceberg``): OUTPUT is a warehouse of three Apache Iceberg
+tables, ``<namespace>.documents``, ``.sentences`` and ``.errors``, that every run appends
+to, exactly once per batch (the protocol: pipeline/formats/warehouse.py).
+
+Where things live (a local OUTPUT, no catalog configured)::
+
+    OUTPUT/_catalog.db                      the embedded pyiceberg SQL catalog (SQLite)
+    OUTPUT/<namespace>/<table>/{data,metadata}/   the tables (the warehouse is OUTPUT)
+    OUTPUT/_runs/<run id>/...               the run's state, staged batches, manifest
+
+With ``[output] catalog_uri`` (a REST catalog, or any pyiceberg catalog type) the tables
+live where that catalog puts them; the run's own files stay under OUTPUT/_runs/. An
+s3:// OUTPUT needs a configured catalog (SQLite cannot live on S3).
+
+A commit is a snapshot; its summary holds the run id and the batch ids it adds. A run's
+rows are read back from the data files its snapshots added (the manifests those snapshots
+wrote, never the whole table's).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from docintel.pipeline.config import Config
+from docintel.pipeline.errors import OutputError, UsageError
+from docintel.pipeline.formats.base import RUNS, TableFormat
+from docintel.pipeline.formats.warehouse import (
+    Commit,
+    Opener,
+    WarehouseRun,
+    WarehouseSink,
+    latest_run,
+    redact,
+)
+from docintel.pipeline.sink import TABLES, RunSink
+from docintel.pipeline.storage import is_local
+from docintel.pipeline.tables import RunTables
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+CATALOG_NAME = "docintel"  # also the PYICEBERG_CATALOG__DOCINTEL__* variables' name
+CATALOG_DB = "_catalog.db"  # the embedded catalog's SQLite file
+# Parquet dictionaries of at most 64 KiB a column: labels, backends and model names fit; an
+# embedding column overflows at once and falls back to plain encoding instead of wasting
+# pyiceberg's default 2 MiB first (-25% on a sentences file with embeddings, 4.98 -> 3.76 MB
+# for the demo corpus; docintel's Parquet parts skip dictionaries for floats altogether).
+TABLE_PROPERTIES = {"write.parquet.dict-size-bytes": str(64 * 1024)}
+
+
+def _schema_difference(table: Any, want: pa.Schema) -> str | None:
+    """The first column where an existing Iceberg table cannot take rows of ``want``."""
+    from pyiceberg.catalog import Catalog
+
+    have = table.schema()
+    wanted = Catalog._convert_schema_if_needed(want)
+    names = set()
+    for f in wanted.fields:
+        names.add(f.name)
+        try:
+            got = have.find_field(f.name)
+        except ValueError:
+            return f"column {f.name!r} is missing (docintel writes {f.field_type})"
+        if str(got.field_type) != str(f.field_type):
+            return f"column {f.name!r} is {got.field_type}, docintel writes {f.field_type}"
+        if got.required and not f.required:
+            return f"column {f.name!r} is required, docintel writes it with nulls"
+    for f in have.fields:
+        if f.name not in names and f.required:
+            return f"column {f.name!r} is required, docintel does not write it"
+    return None
+
+
+class IcebergSink(WarehouseSink):
+    """Batches staged by write tasks, committed to Iceberg tables by the driver in groups."""
+
+    format_name = "iceberg"
+
+    def ident(self, table: str) -> tuple[str, str]:
+        return (self.output.namespace, table)
+
+    def table_name(self, table: str) -> str:
+        return f"Iceberg table {'.'.join(self.ident(table))}"
+
+    @property
+    def where(self) -> str:
+        if self.output.catalog_uri:
+            return f"{self.output.catalog_type or 'rest'} catalog {self.output.catalog_uri}"
+        return f"SQL catalog {self.uri}/{CATALOG_DB}"
+
+    catalog_name = where  # the name messages and tests have used
+
+    # --- the catalog -----------------------------------------------------------------
+
+    def _properties(self) -> dict[str, str]:
+        out = self.output
+        if not out.catalog_uri:
+            root = self.root  # absolute (resolve_output)
+            return {"uri": f"sqlite:///{root}/{CATALOG_DB}", "warehouse": f"file://{root}"}
+        props = {"type": out.catalog_type or "rest", "uri": out.catalog_uri}
+        if props["type"] == "sql":
+            props["warehouse"] = self.uri
+        if self.storage.s3_endpoint:
+            props["s3.endpoint"] = self.storage.s3_endpoint
+        if self.storage.s3_region:
+            props["s3.region"] = self.storage.s3_region
+        return {**props, **out.catalog_properties}
+
+    def catalog(self, create: bool) -> Catalog | None:
+        """The run's catalog (one per driver process); None for an embedded catalog that
+        does not exist yet when ``create`` is false (nothing to check, nothing written)."""
+        if self.d.client is not None:
+            return self.d.client
+        embedded = not self.output.catalog_uri
+        db = f"{self.root}/{CATALOG_DB}"
+        if embedded and not create and self.fs.get_file_info(db).type != pafs.FileType.File:
+            return None
+        if embedded:
+            self.fs.create_dir(self.root, recursive=True)  # an OS error: output.py's message
+        try:
+            if embedded:
+                from pyiceberg.catalog.sql import SqlCatalog
+
+                cat: Catalog = SqlCatalog(CATALOG_NAME, **self._properties())
+            else:
+                from pyiceberg.catalog import load_catalog
+
+                cat = load_catalog(CATALOG_NAME, **self._properties())
+            cat.list_namespaces()  # reached, and answering
+        except Exception as e:  # a refused connection is an OSError too: name the catalog
+            raise OutputError(
+                f"Iceberg {self.where} cannot be used: {type(e).__name__}: "
+                f"{redact(str(e))}. Nothing was done: check [output] catalog_uri / "
+                "catalog_type and that the catalog is running"
+            ) from e
+        self.d.client = cat
+        return cat
+
+    def _load(self, table: str) -> Table | None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        cat = self.catalog(create=True)
+        assert cat is not None
+        try:
+            return cat.load_table(self.ident(table))
+        except NoSuchTableError:
+            return None
+
+    # --- the warehouse hooks -----------------------------------------------------------
+
+    def _check_location(self) -> None:
+        if not is_local(self.fs) and not self.output.catalog_uri:
+            raise UsageError(
+                f"output {self.uri} with --format iceberg needs a catalog: the embedded SQLite "
+                "catalog works on local outputs only. Set [output] catalog_uri (and "
+                "catalog_type) to a REST or SQL catalog, or write to a local folder"
+            )
+
+    def _check_tables(self) -> None:
+        """Refuse (exit 2) existing tables this run's rows do not fit, naming the column."""
+        cat = self.catalog(create=False)
+        if cat is None:
+            return
+        from pyiceberg.exceptions import NoSuchTableError
+
+        for name, schema in self.expected_schemas().items():
+            try:
+                table = cat.load_table(self.ident(name))
+            except NoSuchTableError:
+                continue
+            diff = _schema_difference(table, schema)
+            if diff is not None:
+                raise UsageError(
+                    f"{self.table_name(name)} in {self.where} does not fit this run: {diff}. "
+                    "Nothing was done: write to another namespace ([output] namespace) or "
+                    "output, or run with the settings that made it"
+                )
+
+    def _prepare(self) -> None:
+        cat = self.catalog(create=True)
+        assert cat is not None
+        cat.create_namespace_if_not_exists(self.output.namespace)
+        expected = self.expected_schemas()
+        for name in ("documents", "errors"):  # sentences: with its first rows' schema
+            self._ensure_table(name, expected[name])
+
+    def _ensure_table(self, table: str, schema: pa.Schema) -> None:
+        self._table(table, schema)
+
+    def _table(self, name: str, schema: pa.Schema) -> Table:
+        """The table as the catalog has it now (created on its first commit, with the
+        schema of the rows: a sentences table gets its embedding and user columns)."""
+        table = self._load(name)
+        if table is not None:
+            return table
+        cat = self.catalog(create=True)
+        assert cat is not None
+        return cat.create_table_if_not_exists(
+            self.ident(name), schema=schema, properties=TABLE_PROPERTIES
+        )
+
+    def _snapshots(self, table: Table | None) -> list[Any]:
+        if table is None:
+            return []
+        return [
+            s
+            for s in table.metadata.snapshots
+            if s.summary is not None and self.is_run_commit(s.summary.additional_properties)
+        ]
+
+    def _run_commits(self, table: str) -> list[Commit]:
+        return [_commit(s) for s in self._snapshots(self._load(table))]
+
+    def _append(self, table: str, data: pa.Table, props: dict[str, str]) -> None:
+        self._table(table, data.schema).append(data, snapshot_properties=props)
+
+    def _data_files(self, table: str, commits: list[Commit]) -> list[tuple[str, Opener]]:
+        """The data files the run's snapshots added, from the manifests those snapshots
+        wrote (never the whole table's)."""
+        from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+
+        if self.catalog(create=False) is None or not commits:
+            return []
+        tbl = self._load(table)
+        ids = {c.id for c in commits}
+        out = []
+        for snap in (s for s in self._snapshots(tbl) if s.snapshot_id in ids):
+            for m in snap.manifests(tbl.io):
+                if m.added_snapshot_id != snap.snapshot_id or m.content != ManifestContent.DATA:
+                    continue
+                for e in m.fetch_manifest_entry(tbl.io, discard_deleted=True):
+                    if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snap.snapshot_id:
+                        path = e.data_file.file_path
+                        out.append((path, functools.partial(_open_data_file, tbl.io, path)))
+        return out
+
+    def run_data_files(self, table: str) -> list[tuple[str, Opener]]:
+        if self.catalog(create=False) is None:  # no catalog yet: nothing committed
+            return []
+        return super().run_data_files(table)
+
+    def _manifest_section(self) -> dict[str, Any]:
+        return {
+            "iceberg": {
+                "catalog": self.where,
+                "namespace": self.output.namespace,
+                "tables": {
+                    t: {
+                        "identifier": ".".join(self.ident(t)),
+                        "snapshot_ids": [c.id for c in self.d.commits[t]],
+                    }
+                    for t in TABLES
+                },
+            },
+        }
+
+
+def _open_data_file(io: Any, path: str) -> Any:
+    """A data file of a table, opened through the table's FileIO (any warehouse)."""
+    return io.new_input(path).open(seekable=True)
+
+
+def _commit(snap: Any) -> Commit:
+    props = snap.summary.additional_properties
+    return Commit(
+        id=snap.snapshot_id,
+        props=dict(props),
+        added_files=int(props.get("added-data-files", 0)),
+        added_bytes=int(props.get("added-files-size", 0)),
+    )
+
+
+class IcebergRun(WarehouseRun):
+    """The rows run ``run_id`` appended to the Iceberg tables of the warehouse ``root``
+    (the catalog as ``cfg``'s ``[output]`` configures it)."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, cfg: Config, run_id: str) -> None:
+        super().__init__(IcebergSink(fs, root, cfg.with_overrides({"run.run_id": run_id}), ()))
+        ns = cfg.output.namespace
+        self.uri = f"{run_id} in the Iceberg tables {ns}.* of {self.sink.where}"
+
+
+class IcebergFormat(TableFormat):
+    """Apache Iceberg tables (pyiceberg), a warehouse every run appends to."""
+
+    name = "iceberg"
+    what = f"an Iceberg warehouse of docintel ({CATALOG_DB}, {RUNS}/)"
+    warehouse = True
+
+    def holds(self, fs: pafs.FileSystem, root: str, names: set[str]) -> bool:  # noqa: ARG002
+        return bool(names & {CATALOG_DB, RUNS})
+
+    def sink(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        cfg: Config,
+        labels: Sequence[str],
+        stages: Sequence[str] = (),
+    ) -> RunSink:
+        return IcebergSink(fs, root, cfg, labels, stages)
+
+    def run_tables(
+        self, fs: pafs.FileSystem, root: str, cfg: Config, run_id: str | None
+    ) -> RunTables:
+        if not run_id:
+            run_id = latest_run(IcebergSink(fs, root, cfg, ()), "an Iceberg warehouse")
+        return IcebergRun(fs, root, cfg, run_id)
+
+
+ICEBERG = IcebergFormat()
