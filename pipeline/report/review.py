@@ -29,13 +29,13 @@ import pyarrow.csv as pacsv
 
 from docintel.pipeline.schema import DOC_ID, LABEL, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.tables import RunTables
+from docintel.pipeline.untrusted import csv_cell
 
 REVIEW_CSV = "review.csv"
 CHANGES_CSV = "changes.csv"
 REVIEW_JSON_MAX = 1000  # ranked documents listed in report.json (review.csv has them all)
 REVIEW_SENTENCES = 3  # top risk sentences per reviewed document
 DRILL_SENTENCES = 200  # sentences shown per document in the drill-down
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 COMPACT_EVERY = 64  # per-batch partial sums merged after this many batches
 
 _AGG = [("n", "sum"), ("risk", "sum"), ("mass", "sum")]
@@ -166,7 +166,7 @@ def review_sections(
 
 def review_csv(ranked: pa.Table, review: list[dict[str, Any]]) -> bytes:
     """review.csv: every ranked document; the top risk sentence where report.json has it."""
-    top = {r["doc_id"]: _cell(r["sentences"][0]["text"]) for r in review if r["sentences"]}
+    top = {r["doc_id"]: r["sentences"][0]["text"] for r in review if r["sentences"]}
     text = pa.array([top.get(d) for d in ranked[DOC_ID].to_pylist()], pa.string())
     return _csv(ranked.drop_columns(["doc_status"]).append_column("top_risk_sentence", text))
 
@@ -183,13 +183,14 @@ def changes_csv(changes: dict[str, Any]) -> bytes:
     return _csv(table)
 
 
-def _cell(text: str) -> str:
-    """Document text as a spreadsheet shows it, never as a formula (CSV injection): a cell
-    starting with = + - @ or a tab gets a leading apostrophe."""
-    return "'" + text if text.startswith(FORMULA_START) else text
-
-
 def _csv(table: pa.Table) -> bytes:
+    """The table as CSV, every string cell through :func:`csv_cell` (never a formula)."""
+    cols = [
+        pa.array([None if v is None else csv_cell(v) for v in col.to_pylist()], pa.string())
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+        else col
+        for col in table.columns
+    ]
     buf = io.BytesIO()
-    pacsv.write_csv(table, buf)
+    pacsv.write_csv(pa.table(cols, names=table.column_names), buf)
     return buf.getvalue()
