@@ -33,8 +33,11 @@ import datetime as dt
 import json
 import math
 import os
+import re
+import stat
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,8 +124,54 @@ def _storage_options(source: SentencesSource) -> dict[str, str] | None:
     return opts
 
 
+# What a build is called: <16 hex digits>.lance, inside _index (the pointer may name only
+# that, and only such folders are ever deleted)
+BUILD_NAME = re.compile(r"^[0-9a-f]{16}\.lance$")
+
+
+def _index_where(source: SentencesSource) -> str:
+    """The index folder as messages name it (a warehouse run's: under _runs/<run id>/)."""
+    return display_uri(source.fs, _folder(source))
+
+
+def _damaged(source: SentencesSource, why: str) -> InputError:
+    return InputError(
+        f"the index at {_index_where(source)} is damaged ({why}): rebuild it with "
+        "`docintel index`, which replaces it"
+    )
+
+
+def _check_folder(source: SentencesSource) -> None:
+    """``_index`` must be a real folder of OUTPUT: a symlink there would make the index
+    write and delete elsewhere (lstat: the link itself, not where it points)."""
+    folder = _folder(source)
+    if not is_local(source.fs):
+        return  # an object store has no links
+    try:
+        st = Path(folder).lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise InputError(
+            f"{folder} is {'a symlink' if stat.S_ISLNK(st.st_mode) else 'not a folder'}: "
+            "docintel keeps its index in a real folder of the output and deletes nothing "
+            "through a link. Remove it, then run `docintel index` again"
+        )
+
+
 def read_pointer(source: SentencesSource) -> dict[str, Any] | None:
-    return read_json(source.fs, f"{_folder(source)}/{POINTER}")
+    """The pointer record, checked: a plain build name inside _index, known parameters."""
+    _check_folder(source)
+    record = read_json(source.fs, f"{_folder(source)}/{POINTER}")
+    if record is None or record.get("format") != INDEX_FORMAT:
+        return record
+    if not BUILD_NAME.match(str(record.get("path", ""))):
+        raise _damaged(source, f"{POINTER} names {str(record.get('path'))[:80]!r}, not a build")
+    try:
+        IndexParams(**record["params"])
+    except (TypeError, KeyError) as e:
+        raise _damaged(source, f"{POINTER} has unknown index parameters: {e}") from e
+    return record
 
 
 # --- build -----------------------------------------------------------------------------------
@@ -151,16 +200,18 @@ def _write_rows(source: SentencesSource, path: str) -> Any:
 def _commit(source: SentencesSource, record: dict[str, Any], build: str) -> None:
     """Write the pointer (the commit), then delete every other build (best effort)."""
     folder = _folder(source)
+    _check_folder(source)
     atomic_write(source.fs, f"{folder}/{POINTER}", json.dumps(record, indent=2).encode())
     sel = pafs.FileSelector(folder, allow_not_found=True)
     for info in source.fs.get_file_info(sel):
-        if info.base_name in (POINTER, build):
+        # only the builds this index wrote: <hex>.lance folders, never a link
+        if info.base_name == build or not BUILD_NAME.match(info.base_name):
+            continue
+        if is_local(source.fs) and Path(info.path).is_symlink():
             continue
         with contextlib.suppress(OSError):
             if info.type == pafs.FileType.Directory:
                 source.fs.delete_dir(info.path)
-            elif not info.base_name.startswith("."):  # another writer's temporary
-                source.fs.delete_file(info.path)
 
 
 def build_index(
@@ -173,6 +224,7 @@ def build_index(
     module docstring; ``cfg``'s ``[output]`` names an Iceberg warehouse's catalog);
     returns the pointer record."""
     source = SentencesSource.open(output_uri, storage, cfg)
+    _check_folder(source)  # before anything is written there
     dim = source.require_embeddings()
     key = source.key()
     build = f"{uuid.uuid4().hex[:16]}.lance"
@@ -224,7 +276,7 @@ class OpenIndex:
 def find(source: SentencesSource) -> tuple[OpenIndex | None, str]:
     """The output's index if it exists and was built from the output as it is now, and a
     line saying which path a search takes, and why."""
-    where = f"{source.uri}/{INDEX_FOLDER}"
+    where = _index_where(source)
     record = read_pointer(source)
     if record is None:
         return None, f"no index at {where}: exact scan (build one with `docintel index`)"
@@ -237,7 +289,7 @@ def find(source: SentencesSource) -> tuple[OpenIndex | None, str]:
         )
     path = f"{_folder(source)}/{record['path']}"
     ds = _lance().dataset(_lance_uri(source, path), storage_options=_storage_options(source))
-    p = IndexParams(**record["params"])
+    p = IndexParams(**record["params"])  # checked by read_pointer
     note = (
         f"searched the index {where}/{record['path']} (IVF-PQ, {p.partitions} partitions, "
         f"nprobes {p.nprobes}, refine x{p.refine_factor})"

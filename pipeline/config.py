@@ -6,7 +6,9 @@ Every default is a named constant below, with the reason for its value.
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +29,9 @@ DEFAULT_TEXT_COLUMN = "text"  # ditto
 # Ids are copied into every sentence row: a 10 KB id on a document of 10,000 sentences is
 # 100 MB of id column. 1 KiB holds any path, URL or UUID a corpus uses as an id.
 DEFAULT_MAX_ID_BYTES = 1024
+# A run id names a folder (OUTPUT/_runs/<id>/) and files: letters, digits, ".", "_", "-",
+# starting with a letter or digit (no "/", no "..": it cannot leave OUTPUT); "" = a new id.
+RUN_ID_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$"
 
 # --- run -----------------------------------------------------------------------------
 # Documents per batch: large enough that per-call Ray overhead (~1 ms) and Parquet part
@@ -195,6 +200,7 @@ class RunConfig(_Strict):
     # GPU call's time each), joined before the next step (pipeline/slices.py); false =
     # the whole batch as one CPU call. Scheduling only: the output is the same.
     spill_slicing: bool = True
+    # One pattern for every format: a run id names files and folders (OUTPUT/_runs/<id>/)
     run_id: str = ""
     # A warehouse format (Iceberg, Delta): a run with no run id whose input and plan match
     # a completed run of the warehouse is a no-op naming that run; true (--append) appends
@@ -231,6 +237,16 @@ class RunConfig(_Strict):
     # A stage left without any live replica (their nodes left, none can be placed) fails
     # the run after this long; pending replicas wait this long for an autoscaler's node.
     replica_wait_s: float = Field(DEFAULT_REPLICA_WAIT_S, gt=0)
+
+    @field_validator("run_id")
+    @classmethod
+    def _plain_run_id(cls, v: str) -> str:
+        if not re.fullmatch(RUN_ID_PATTERN, v):
+            raise ValueError(
+                f"run id {v[:140]!r} is refused: a run id names a folder under OUTPUT, so it "
+                "is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return v
 
 
 class SentencizeConfig(_Strict):
@@ -432,7 +448,28 @@ def no_userinfo(v: str, what: str, give: str, chain: str) -> str:
 # catalog properties that are credentials (refused: they would be written to the manifest;
 # pyiceberg reads them from PYICEBERG_CATALOG__DOCINTEL__<KEY> or ~/.pyiceberg.yaml).
 DEFAULT_NAMESPACE = "docintel"
-SECRET_PROPERTY_WORDS = ("credential", "token", "secret", "password", "access-key", "key-id")
+SECRET_PROPERTY_WORDS = (
+    "credential",
+    "token",
+    "secret",
+    "password",
+    "access-key",
+    "key-id",
+    "authorization",  # header.Authorization (REST catalogs)
+    "account-key",  # adls.account-key
+    "connection-string",  # adls.connection-string
+    "private-key",
+    "api-key",
+    "apikey",
+)
+# pyiceberg imports the Python object a property ending in "impl" names (py-io-impl,
+# py-catalog-impl, write.py-location-provider.impl, ...): never from data or a config.
+_CODE_PROPERTY = re.compile(r"(^|[.\-_])impl$", re.IGNORECASE)
+
+
+def code_properties(props: Mapping[str, str]) -> list[str]:
+    """The keys of ``props`` that name a Python object for pyiceberg to import."""
+    return sorted(k for k in props if _CODE_PROPERTY.search(k))
 
 
 class OutputConfig(_Strict):
@@ -456,11 +493,29 @@ class OutputConfig(_Strict):
             v, "catalog", "scheme, host, port and path", "PYICEBERG_CATALOG__DOCINTEL__* variables"
         )
 
+    @field_validator("catalog_uri")
+    @classmethod
+    def _no_query(cls, v: str) -> str:
+        if "?" in v or "#" in v:  # tokens ride there (?token=...): never in a config
+            raise ValueError(
+                "a query string or fragment (?... or #...) in the catalog URI is refused: "
+                "it may hold a token, and would be written to the manifest and to messages. "
+                "Give scheme, host, port and path only, and credentials through the "
+                "PYICEBERG_CATALOG__DOCINTEL__* variables"
+            )
+        return v
+
     @field_validator("catalog_properties")
     @classmethod
     def _no_secrets(cls, v: dict[str, str]) -> dict[str, str]:
+        code = code_properties(v)
+        if code:
+            raise ValueError(
+                f"catalog property {code[0]!r} names Python code for pyiceberg to import; "
+                "docintel refuses such properties (it chooses its own FileIO)"
+            )
         for key in v:
-            if any(word in key.lower() for word in SECRET_PROPERTY_WORDS):
+            if any(word in key.lower().replace("_", "-") for word in SECRET_PROPERTY_WORDS):
                 env = key.upper().replace(".", "__").replace("-", "_")
                 raise ValueError(
                     f"catalog property {key!r} is a credential; set it as the variable "

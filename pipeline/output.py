@@ -40,6 +40,7 @@ import datetime as dt
 import errno
 import json
 import posixpath
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from docintel.pipeline import formats
-from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS
+from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS, SECRET_PROPERTY_WORDS, Config
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
 from docintel.pipeline.plan import Plan
@@ -566,7 +567,7 @@ class RunOutput:
             "input": {"uri": p.input_uri, "files": self.key["input"]},
             "plan": {k: v for k, v in self.key.items() if k != "input"},
             "output": summary.output,
-            "config": p.cfg.model_dump(),
+            "config": recorded_config(p.cfg),
             "models": models,
             "stages": list(p.stages),  # the chain, in order (the report orders by it)
             "labels": p.labels,
@@ -602,6 +603,48 @@ class RunOutput:
             "partial": bool(p.skipped_files),
             "skipped_files": p.skipped_files,
         }
+
+
+# What of the config a manifest records: an allow-list, so a key that may hold a secret is
+# left out unless it is known not to. Sections of plain settings are recorded whole (their
+# URL fields refuse userinfo and query strings at load); [output] only the keys below, and of
+# its catalog_properties only the known non-secret ones (credentials belong in
+# PYICEBERG_CATALOG__DOCINTEL__* variables); [stages.<name>] settings whose names look like
+# secrets are redacted.
+RECORDED_SECTIONS = (
+    "input", "run", "pipeline", "sentencize", "embed", "classify", "resources", "storage",
+    "job", "audit", "faults",
+)  # fmt: skip
+RECORDED_OUTPUT = ("format", "namespace", "catalog_type", "catalog_uri")
+RECORDED_CATALOG_PROPERTIES = (
+    "warehouse", "s3.region", "s3.endpoint", "s3.path-style-access", "client.region",
+    "rest.signing-region", "rest.signing-name", "rest.sigv4-enabled",
+)  # fmt: skip
+SECRET_NAME = re.compile(
+    r"(^|[._-])(key|pass|passwd|pwd|auth|dsn)($|[._-])|" + "|".join(SECRET_PROPERTY_WORDS),
+    re.IGNORECASE,
+)
+REDACTED = "<redacted>"
+
+
+def recorded_config(cfg: Config) -> dict[str, Any]:
+    """The config as a manifest records it (see RECORDED_SECTIONS): no secret in it."""
+    dumped = cfg.model_dump()
+    out: dict[str, Any] = {k: dumped[k] for k in RECORDED_SECTIONS}
+    output = {k: dumped["output"][k] for k in RECORDED_OUTPUT}
+    props = dumped["output"]["catalog_properties"]
+    output["catalog_properties"] = {
+        k: (v if k in RECORDED_CATALOG_PROPERTIES else REDACTED) for k, v in props.items()
+    }
+    out["output"] = output
+    out["stages"] = {
+        name: {
+            k: REDACTED if SECRET_NAME.search(k.replace("_", "-")) else v
+            for k, v in settings.items()
+        }
+        for name, settings in dumped["stages"].items()
+    }
+    return out
 
 
 def _now() -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from docintel.pipeline.config import Config
+from docintel.pipeline.config import Config, code_properties
 from docintel.pipeline.errors import OutputError, UsageError
 from docintel.pipeline.formats.base import RUNS, TableFormat
 from docintel.pipeline.formats.warehouse import (
@@ -41,6 +41,8 @@ from docintel.pipeline.sink import TABLES, RunSink
 from docintel.pipeline.storage import is_local
 from docintel.pipeline.tables import RunTables
 
+EMPTY: dict[str, str] = {}
+
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
@@ -52,6 +54,33 @@ CATALOG_DB = "_catalog.db"  # the embedded catalog's SQLite file
 # pyiceberg's default 2 MiB first (-25% on a sentences file with embeddings, 4.98 -> 3.76 MB
 # for the demo corpus; docintel's Parquet parts skip dictionaries for floats altogether).
 TABLE_PROPERTIES = {"write.parquet.dict-size-bytes": str(64 * 1024)}
+# The embedded catalog's FileIO, named explicitly (pyarrow's, the one docintel reads with).
+FILE_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
+
+
+def _refuse_code(props: dict[str, str], whose: str) -> None:
+    found = code_properties(props)
+    if found:
+        raise UsageError(
+            f"{whose} sets {found[0]!r}, a property naming Python code that pyiceberg would "
+            "import: docintel refuses it (a warehouse's data must not choose code that runs "
+            "here). Nothing was done: remove the property from the table or catalog, or "
+            "read the warehouse with a tool you trust with it"
+        )
+
+
+def _guard(cat: Catalog, where: str, own: dict[str, str]) -> Catalog:
+    """``cat`` refusing (UsageError) properties that name code, its own (a catalog server
+    may add some) and every table's, before pyiceberg loads a FileIO from them."""
+    _refuse_code({k: v for k, v in cat.properties.items() if own.get(k) != v}, where)
+    load_file_io = cat._load_file_io
+
+    def guarded(properties: dict[str, str] = EMPTY, location: str | None = None) -> Any:
+        _refuse_code(dict(properties), f"a table of {where}{f' ({location})' if location else ''}")
+        return load_file_io(properties, location)
+
+    cat._load_file_io = guarded  # type: ignore[method-assign]
+    return cat
 
 
 def _schema_difference(table: Any, want: pa.Schema) -> str | None:
@@ -101,8 +130,13 @@ class IcebergSink(WarehouseSink):
     def _properties(self) -> dict[str, str]:
         out = self.output
         if not out.catalog_uri:
-            root = self.root  # absolute (resolve_output)
-            return {"uri": f"sqlite:///{root}/{CATALOG_DB}", "warehouse": f"file://{root}"}
+            from sqlalchemy.engine import URL
+
+            # from parts, and the warehouse a plain path: an OUTPUT path holding "?", "#"
+            # or "%" keeps the catalog and the tables inside it (not a URL's query part)
+            db = URL.create("sqlite", database=f"{self.root}/{CATALOG_DB}")  # root: absolute
+            uri = db.render_as_string(hide_password=False)
+            return {"uri": uri, "warehouse": self.root, "py-io-impl": FILE_IO}
         props = {"type": out.catalog_type or "rest", "uri": out.catalog_uri}
         if props["type"] == "sql":
             props["warehouse"] = self.uri
@@ -132,7 +166,10 @@ class IcebergSink(WarehouseSink):
                 from pyiceberg.catalog import load_catalog
 
                 cat = load_catalog(CATALOG_NAME, **self._properties())
+            _guard(cat, f"Iceberg {self.where}", self._properties())
             cat.list_namespaces()  # reached, and answering
+        except UsageError:
+            raise
         except Exception as e:  # a refused connection is an OSError too: name the catalog
             raise OutputError(
                 f"Iceberg {self.where} cannot be used: {type(e).__name__}: "
@@ -151,6 +188,13 @@ class IcebergSink(WarehouseSink):
             return cat.load_table(self.ident(table))
         except NoSuchTableError:
             return None
+        except UsageError:  # a property naming code (_guard)
+            raise
+        except Exception as e:  # a damaged catalog or table: a message, not a traceback
+            raise OutputError(
+                f"{self.table_name(table)} in {self.where} cannot be read: "
+                f"{type(e).__name__}: {redact(str(e))}"
+            ) from e
 
     # --- the warehouse hooks -----------------------------------------------------------
 
@@ -164,15 +208,11 @@ class IcebergSink(WarehouseSink):
 
     def _check_tables(self) -> None:
         """Refuse (exit 2) existing tables this run's rows do not fit, naming the column."""
-        cat = self.catalog(create=False)
-        if cat is None:
+        if self.catalog(create=False) is None:
             return
-        from pyiceberg.exceptions import NoSuchTableError
-
         for name, schema in self.expected_schemas().items():
-            try:
-                table = cat.load_table(self.ident(name))
-            except NoSuchTableError:
+            table = self._load(name)
+            if table is None:
                 continue
             diff = _schema_difference(table, schema)
             if diff is not None:

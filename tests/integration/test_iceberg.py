@@ -262,3 +262,20 @@ def test_a_catalog_lost_mid_run_fails_the_run_resumable_with_nothing_lost(
     assert summary.batches + summary.skipped_batches == 3 and summary.skipped_batches >= 2
     _exactly_once(out, ids)
     assert len(_run_snapshots(out, "documents", "down")) == 3
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_same_command_twice_is_a_noop_and_append_appends(
+    tmp_path: Path, headlines: list[str]
+) -> None:
+    """Issue 31 item 1: the same `docintel run IN WAREHOUSE --format iceberg` twice (no run
+    id) used to leave every document twice; now the second names the completed run."""
+    inp, ids = _corpus(tmp_path, headlines, 8)
+    out = tmp_path / "wh"
+    first = execute(run_config(**ICEBERG), str(inp), str(out))
+    again = execute(run_config(**ICEBERG), str(inp), str(out))
+    assert again.already_complete and again.run_id == first.run_id and again.documents == 8
+    _exactly_once(out, ids)
+    more = execute(run_config(**ICEBERG, **{"run.append": True}), str(inp), str(out))
+    assert not more.already_complete and more.run_id != first.run_id
+    _exactly_once(out, ids, copies=2)

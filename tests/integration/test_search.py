@@ -280,3 +280,5 @@ def test_search_and_index_an_iceberg_warehouse(
     assert (wh / "_runs" / "ice1" / "_index" / record["path"]).is_dir()
     res = search(str(wh), [QUERY], top=10)
     assert res.used_index, res.note
+    # the note names the index it used (issue 31 item 5): the run's, under _runs/<id>/
+    assert f"{wh}/_runs/ice1/_index/{record['path']}" in res.note
