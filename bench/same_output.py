@@ -1,0 +1,133 @@
+"""Does a change keep every output byte for byte? The same run, by two commits, compared.
+
+    python bench/same_output.py                       # main's parent commit vs this tree
+    python bench/same_output.py --old 7962d48 --new HEAD --input data/demo/documents.parquet
+
+Each side runs ``docintel run INPUT OUT --run-id same`` (CPU pools, the default models) from
+its own tree: the old commit from a ``git worktree``, imported through a namespace shim on
+PYTHONPATH (``docintel.pipeline`` -> ``<tree>/pipeline``...), the new one from this
+checkout (or a worktree of ``--new``). Then every table file is compared: names, bytes, and,
+where the bytes differ, the Arrow tables. The manifests are compared key by key, leaving
+out what differs by nature (times, paths, the replicas' pids and nodes). Prints a table;
+exit 1 when a table file differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = ("pipeline", "actors", "jobs", "models")
+TABLES = ("documents", "sentences", "errors")
+# manifest keys that differ between any two runs of the same thing
+VOLATILE = {"finished", "timings", "replicas", "output", "input", "parts"}
+
+
+def _tree(rev: str, work: Path) -> Path:
+    """A checkout of ``rev``: this tree for "WORKTREE", else a detached git worktree."""
+    if rev == "WORKTREE":
+        return REPO
+    where = work / f"tree-{rev}"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(where), rev],
+                   check=True, capture_output=True)  # fmt: skip
+    return where
+
+
+def _shim(tree: Path, work: Path) -> Path:
+    """A folder whose ``docintel/<folder>`` links to ``tree``'s folders (PYTHONPATH)."""
+    shim = work / f"shim-{hashlib.sha1(str(tree).encode()).hexdigest()[:8]}"
+    (shim / "docintel").mkdir(parents=True, exist_ok=True)
+    for name in FOLDERS:
+        link = shim / "docintel" / name
+        if not link.exists():
+            link.symlink_to(tree / name, target_is_directory=True)
+    return shim
+
+
+def _run(tree: Path, work: Path, inp: Path, out: Path) -> str:
+    """Run docintel from ``tree`` into ``out``; the module file it imported (a check)."""
+    env = {**os.environ, "PYTHONPATH": str(_shim(tree, work))}
+    code = "import docintel.pipeline, sys; print(docintel.pipeline.__file__)"
+    where = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    cmd = [sys.executable, "-m", "docintel.jobs.cli", "run", str(inp), str(out),
+           "--run-id", "same", "--no-progress"]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True, cwd=tree, capture_output=True)
+    return where
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for t in TABLES
+        for p in sorted((out / t).glob("*.parquet"))
+    }
+
+
+def _compare_tables(old: Path, new: Path) -> list[tuple[str, str]]:
+    a, b = _files(old), _files(new)
+    rows = []
+    for name in sorted(a.keys() | b.keys()):
+        if name not in a or name not in b:
+            rows.append((name, "only in " + ("new" if name in b else "old")))
+        elif a[name] == b[name]:
+            rows.append((name, f"identical bytes ({len(a[name]):,} B)"))
+        else:
+            same = pq.read_table(old / name).equals(pq.read_table(new / name), check_metadata=True)
+            rows.append((name, "same rows, other bytes" if same else "DIFFERENT ROWS"))
+    return rows
+
+
+def _diff(a: object, b: object, at: str = "") -> str:
+    """Where two JSON values differ (the first few paths)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        parts = [_diff(a.get(k), b.get(k), f"{at}.{k}") for k in sorted(a.keys() | b.keys())]
+        return "; ".join(p for p in parts if p)[:300]
+    return "" if a == b else f"{at or 'value'} {json.dumps(a)} -> {json.dumps(b)}"
+
+
+def _compare_manifests(old: Path, new: Path) -> list[tuple[str, str]]:
+    a = json.loads((old / "_manifest.json").read_text())
+    b = json.loads((new / "_manifest.json").read_text())
+    rows = []
+    for key in sorted((a.keys() | b.keys()) - VOLATILE):
+        if a.get(key) != b.get(key):
+            rows.append((f"_manifest.json {key}", "differs: " + _diff(a.get(key), b.get(key))))
+    return rows or [("_manifest.json", f"same, but for {', '.join(sorted(VOLATILE))}")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", default="HEAD~1", help="the commit before the change")
+    ap.add_argument("--new", default="WORKTREE", help="a commit, or WORKTREE (this checkout)")
+    ap.add_argument("--input", default=str(REPO / "data/demo/documents.parquet"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="same-output-") as tmp:
+        work = Path(tmp)
+        outs = {}
+        for side, rev in (("old", args.old), ("new", args.new)):
+            outs[side] = work / f"out-{side}"
+            used = _run(_tree(rev, work), work, Path(args.input).resolve(), outs[side])
+            print(f"{side}: {rev} (imports {used})")
+        rows = _compare_tables(outs["old"], outs["new"]) + _compare_manifests(*outs.values())
+        width = max(len(r[0]) for r in rows)
+        for name, verdict in rows:
+            print(f"{name:<{width}}  {verdict}")
+        for rev in (args.old, args.new):
+            if rev != "WORKTREE":
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                str(work / f"tree-{rev}")], check=False)  # fmt: skip
+    return 1 if any("DIFFERENT" in v or "only in" in v for _, v in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
