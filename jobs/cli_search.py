@@ -3,7 +3,6 @@ docintel.pipeline.search and docintel.pipeline.ann_index)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,6 +15,7 @@ from rich.text import Text
 from docintel.jobs.ui import ConfigOpt, console, fail, out, safe
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.untrusted import json_text
 
 if TYPE_CHECKING:
     from docintel.pipeline.ann_index import IndexParams
@@ -117,7 +117,7 @@ def _print_json(result: SearchResult) -> None:
     for q, hits in zip(result.queries, result.hits, strict=True):
         for hit in hits:
             row: dict[str, Any] = {"query": q, **hit} if several else hit
-            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sys.stdout.write(json_text(row) + "\n")  # controls as \u escapes
     sys.stdout.flush()
 
 

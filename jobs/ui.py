@@ -25,6 +25,7 @@ from rich.text import Text
 
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
+from docintel.pipeline.untrusted import visible
 
 # Text is never hard-wrapped (soft_wrap): a message that holds a command, a URL or a path
 # stays one line the terminal folds, so it can be copied and pasted whole. Tables still
@@ -62,35 +63,19 @@ VerboseOpt = Annotated[
 
 F = TypeVar("F", bound=Callable[..., Any])
 _INDENTED = re.compile(r"^\s")
-# What a terminal acts on instead of showing: C0 controls (ESC starts colour, cursor and
-# title sequences; CR overwrites a line; BS erases), DEL, C1 controls (U+009B is a
-# one-character CSI), and the Unicode controls that reorder or break lines (bidi
-# overrides and isolates, line/paragraph separators), which make one name look like
-# another; and lone surrogates (undecodable bytes of a file name), which would make the
-# print itself fail. Tab and newline are kept only in multi-line text (logs, messages).
-_WIDE_CONTROLS = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
-_UNSAFE_LINE = re.compile(rf"[\x00-\x1f{_WIDE_CONTROLS}]")
-_UNSAFE_TEXT = re.compile(rf"[\x00-\x08\x0b-\x1f{_WIDE_CONTROLS}]")  # keeps tab and newline
-
-
-def _visible(m: re.Match[str]) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
 def safe(text: object, *, multiline: bool = False) -> str:
     """``text`` as it may reach a terminal: every control character that a terminal
-    would act on (escape sequences, carriage return, bidi overrides...) becomes a
-    visible escape such as ``\\x1b`` or ``\\u202e``; the rest is kept as is. A single
-    line (file names, ids, paths) escapes newline and tab too, so a name cannot forge
-    output lines; ``multiline`` keeps them (and turns CRLF into LF) for log text and
+    would act on (escape sequences, carriage return, bidi overrides...; the list is
+    docintel.pipeline.untrusted's, shared with the JSON, CSV and HTML docintel writes)
+    becomes a visible escape such as ``\\x1b`` or ``\\u202e``; the rest is kept as is. A
+    single line (file names, ids, paths) escapes newline and tab too, so a name cannot
+    forge output lines; ``multiline`` keeps them (and turns CRLF into LF) for log text and
     messages. Use it on everything user-controlled that is printed: file names, doc and
     job ids, log lines, error messages that echo paths. It does not escape Rich markup:
     print the result with ``markup=False`` or through ``rich.markup.escape``."""
-    s = str(text)
-    if multiline:
-        return _UNSAFE_TEXT.sub(_visible, s.replace("\r\n", "\n"))
-    return _UNSAFE_LINE.sub(_visible, s)
+    return visible(text, multiline=multiline)
 
 
 def prose(doc: str | None) -> str:

@@ -42,6 +42,7 @@ from docintel.pipeline.report.review import (
 from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.sink import atomic_write
 from docintel.pipeline.tables import RunTables
+from docintel.pipeline.untrusted import json_text
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -86,7 +87,8 @@ def write_report(
     ranked = report.pop("_ranked")
     # Round-trip through JSON so the returned dict is exactly what report.json holds
     # (datetimes in the audit dict become ISO strings in both).
-    text = json.dumps(report, indent=2, default=_json_default, ensure_ascii=False)
+    # Control characters of document text are \u escapes in the file (json_text).
+    text = json_text(report, indent=2, default=_json_default)
     report = json.loads(text)
     if not isinstance(fs, pafs.S3FileSystem):
         # Nothing ran: the partition folder may not exist yet. Object stores need none.

@@ -15,6 +15,7 @@ from typing import Any
 
 from docintel.pipeline.report.keys import AUDIT_COUNTS, SHARE_KEYS, SHARE_NAMES
 from docintel.pipeline.report.markup import esc as _e
+from docintel.pipeline.report.markup import ident as _id
 from docintel.pipeline.report.markup import num as _num
 from docintel.pipeline.report.markup import section as _section
 from docintel.pipeline.report.markup import table as _table
@@ -227,7 +228,7 @@ def _summary(r: dict[str, Any]) -> str:
     rows = [[_e(k), _e(v)] for k, v in details if v is not None]
     body += _table("summary-table", [], rows, set())
     if r["partial"]:
-        files = ", ".join(_e(f.get("uri", f)) for f in r["skipped_files"])
+        files = ", ".join(_id(f.get("uri", f), "path") for f in r["skipped_files"])
         body += f'<p class="warn">Partial run: unreadable input files were skipped: {files}</p>'
     body += "".join(f'<p class="warn">{_e(w)}</p>' for w in r["warnings"])
     return _section("summary", "Summary", body)
@@ -322,7 +323,7 @@ def _risk_section(r: dict[str, Any]) -> str:
     rows = [
         [
             _num(i + 1),
-            _e(s["doc_id"]),
+            _id(s["doc_id"]),
             _num(s["sent_index"]),
             _e(s["text"]),
             _num(s["score"], ".4f"),
@@ -394,7 +395,7 @@ def _errors_section(r: dict[str, Any]) -> str:
         return _section("errors", "Errors", '<p id="no-errors">No document failed.</p>')
     by_type = [[_e(x["stage"]), _e(x["error_type"]), _num(x["count"])] for x in e["by_type"]]
     samples = [
-        [_e(x["doc_id"]), _e(x["stage"]), _e(x["error_type"]), _e(x["message"])]
+        [_id(x["doc_id"]), _e(x["stage"]), _e(x["error_type"]), _e(x["message"])]
         for x in e["samples"]
     ]
     body = (
@@ -442,6 +443,6 @@ def render_html(report: dict[str, Any]) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
-        f'<p class="sub">run {_e(report.get("run_id") or "—")} · generated '
+        f'<p class="sub">run {_id(report.get("run_id") or "—")} · generated '
         f"{_e(report['generated'])}</p>" + "".join(sections) + "</body></html>\n"
     )

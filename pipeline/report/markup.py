@@ -1,14 +1,29 @@
 """HTML building blocks of the report page, shared by html.py and sections.py: escaping
-(every value from a document is untrusted), numbers, tables and sections."""
+(every value from a document is untrusted), numbers, tables and sections.
+
+Untrusted text is HTML-escaped and its control characters (C0 but tab and newline, C1,
+bidi overrides, isolates and marks; docintel.pipeline.untrusted) shown as visible escapes
+such as ``\\u202e``; ids and other names are also bidi-isolated (``<bdi>``), so a
+right-to-left name cannot reorder the text around it."""
 
 from __future__ import annotations
 
 import html
 
+from docintel.pipeline.untrusted import visible
+
 
 def esc(value: object) -> str:
-    """Escape anything for HTML text or attribute context (sentence text is untrusted)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """Escape anything for HTML text or attribute context (sentence text is untrusted):
+    markup characters as entities, control characters as visible escapes."""
+    return html.escape("" if value is None else visible(value, multiline=True), quote=True)
+
+
+def ident(value: object, cls: str = "id") -> str:
+    """A doc id, run id, path or file name as HTML: escaped (:func:`esc`), one line (no
+    newline or tab), in its own bidi isolate."""
+    text = "" if value is None else visible(value)
+    return f'<bdi class="{cls}">{html.escape(text, quote=True)}</bdi>'
 
 
 def num(value: float | None, fmt: str = ",") -> str:

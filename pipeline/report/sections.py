@@ -1,15 +1,16 @@
 """The report's sections about documents: which to review first, what changed tonight,
 the watch list, and the drill-down of each reviewed document (html.py lays out the page).
 
-Every document value (ids, sentence text, labels) goes through :func:`markup.esc`; the
-drill-down anchors are ``doc-<rank>``, never built from a document id.
+Every document value (ids, sentence text, labels) goes through :func:`markup.esc` (ids
+through :func:`markup.ident`, bidi-isolated); the drill-down anchors are ``doc-<rank>``,
+never built from a document id.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from docintel.pipeline.report.markup import esc, num, section, table
+from docintel.pipeline.report.markup import esc, ident, num, section, table
 
 SHOWN_IDS = 20  # ids listed per kind of change before "and N more"
 CHANGED_SHOWN = 10  # changed documents whose added/removed sentences the page shows
@@ -21,8 +22,8 @@ def _anchors(r: dict[str, Any]) -> dict[str, str]:
 
 def _doc_link(doc_id: str, anchors: dict[str, str]) -> str:
     if doc_id in anchors:
-        return f'<a class="doc-link id" href="#{anchors[doc_id]}">{esc(doc_id)}</a>'
-    return f'<span class="id">{esc(doc_id)}</span>'
+        return f'<a class="doc-link" href="#{anchors[doc_id]}">{ident(doc_id)}</a>'
+    return ident(doc_id)
 
 
 def review_section(r: dict[str, Any]) -> str:
@@ -32,7 +33,7 @@ def review_section(r: dict[str, Any]) -> str:
     for d in r.get("review", [])[: r["top_n"]]:
         sents = "".join(
             f'<div class="rs"><span class="score">{num(s["score"], ".3f")}</span> '
-            f"{esc(s['text'])}</div>"
+            f"<bdi>{esc(s['text'])}</bdi></div>"
             for s in d["sentences"]
         )
         rows.append(
@@ -151,7 +152,7 @@ def drilldown_section(r: dict[str, Any]) -> str:
         more = f'<p class="more">and {d["more"]:,} more sentences</p>' if d["more"] else ""
         parts.append(
             f'<section class="doc" id="doc-{int(d["rank"])}"><h3>#{int(d["rank"])} '
-            f'{esc(d["doc_id"])} <span class="sub">{esc(info.get("status") or "—")}, risk '
+            f'{ident(d["doc_id"])} <span class="sub">{esc(info.get("status") or "—")}, risk '
             f"score {num(info.get('risk_score'), '.3f')}</span></h3>{html_table}{more}"
             '<p><a href="#review">back to the review table</a></p></section>'
         )

@@ -47,8 +47,10 @@ def make_run(
     n_parts: int = 3,
     seed: int = 0,
     with_script: bool = True,
+    doc_ids: list[str] | None = None,
 ) -> dict[str, Any]:
     """A committed docintel run in ``root``: parts with the pipeline's schemas + manifest.
+    Documents are d000, d001... unless ``doc_ids`` names them (at least ``n_docs``).
 
     Labels and scores are drawn with a seeded RNG over real headlines; the last document
     of the first part fails (status error, an errors row). Returns the manifest.
@@ -60,7 +62,10 @@ def make_run(
     n_sent_total = n_tok_total = n_err = 0
     for part in range(n_parts):
         batch_id = f"abcd-{part:05d}-00000"
-        ids = [f"d{i:03d}" for i in range(part * per_part, min(n_docs, (part + 1) * per_part))]
+        ids = [
+            doc_ids[i] if doc_ids else f"d{i:03d}"
+            for i in range(part * per_part, min(n_docs, (part + 1) * per_part))
+        ]
         sents: list[dict[str, Any]] = []
         docs: list[dict[str, Any]] = []
         errs: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@ logs and error messages reach stdout and stderr with their control characters es
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,3 +85,34 @@ def test_logs_status_and_errors_print_hostile_text_escaped(
     assert unknown.exit_code == 2 and "no job" in unknown.stderr
     for r in (logs, follow, status, unknown):
         _assert_clean(r.stdout + r.stderr)
+
+
+def _result(hits: list[dict[str, Any]], queries: list[str] | None = None) -> Any:
+    from docintel.pipeline.search import SearchResult
+
+    queries = queries or ["going concern"]
+    return SearchResult(queries, [hits] * len(queries), [False] * len(queries), False, "exact")
+
+
+HIT = {
+    "doc_id": "invoice-\u202egpj.exe\x9b",
+    "sent_index": 3,
+    "text": "Shares\u2066 fell\u200f\x85 12%\x1b[2J, été 日本",
+    "label": "Bear\u061cish",
+    "score": 0.91,
+    "similarity": 0.8,
+}
+
+
+def test_search_json_lines_escape_every_control(capsys: pytest.CaptureFixture[str]) -> None:
+    """`docintel search --json`: each control (bidi, C1, C0) is a \\u escape in the line,
+    other text stays readable UTF-8, and a parser gets the exact values back."""
+    from docintel.jobs.cli_search import _print_json
+
+    _print_json(_result([HIT], ["q\u202e1", "q2"]))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        _assert_clean(line)
+        assert "\\u202e" in line and "\\u009b" in line and "été 日本" in line
+    assert json.loads(lines[0]) == {"query": "q\u202e1", **HIT}
