@@ -112,20 +112,25 @@ def _corpus_shares(p: dict[str, Any]) -> dict[str, float | None]:
     return p["corpus"]["shares"] if p.get("corpus") else {}
 
 
-def trend_chart(report: dict[str, Any]) -> str:
-    """Two panels, one line per label: the whole corpus after each night (latest/), and
-    what was processed that night."""
+# The trend panels' titles: two short lines each, so that side by side neither runs into
+# the other panel (test_report_render checks the drawn extents).
+TREND_TITLES = (
+    "Whole corpus after the night\n(latest version of every document)",
+    "Processed that night\n(new and changed documents)",
+)
+
+
+def trend_figure(report: dict[str, Any]) -> Any:
+    """The trend chart as a matplotlib figure: two panels, one line per label: the whole
+    corpus after each night (latest/), and what was processed that night."""
     import matplotlib as mpl
 
     points = report["trend"]
     labels = _trend_labels(report)
     xs = list(range(len(points)))
-    panels = (
-        ("Whole corpus after the night (latest version of every document)", _corpus_shares),
-        ("Processed that night (new and changed documents)", lambda p: p["shares"]),
-    )
+    panels = zip(TREND_TITLES, (_corpus_shares, lambda p: p["shares"]), strict=True)
     with mpl.rc_context(_SVG_RC):
-        fig = _figure(9, 3.2)
+        fig = _figure(9.5, 3.6)
         axes = fig.subplots(1, 2, sharey=True)
         for ax, (title, shares_of) in zip(axes, panels, strict=True):
             for lb in labels:
@@ -141,7 +146,14 @@ def trend_chart(report: dict[str, Any]) -> str:
         axes[0].set_ylabel("share of sentences (%)")
         if labels:
             axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-        return _svg(fig)
+        return fig
+
+
+def trend_chart(report: dict[str, Any]) -> str:
+    import matplotlib as mpl
+
+    with mpl.rc_context(_SVG_RC):
+        return _svg(trend_figure(report))
 
 
 def backend_chart(report: dict[str, Any]) -> str:
@@ -176,7 +188,9 @@ h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-
 table { border-collapse: collapse; margin: .5rem 0; font-size: .9rem; }
 th, td { border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.text { max-width: 640px; overflow-wrap: anywhere; }
+/* break-word, not anywhere: a word still breaks only when it alone is wider than its cell,
+   and it keeps its width when the table shares out space ("Bearis h" in a squeezed column) */
+td.text { max-width: 640px; overflow-wrap: break-word; }
 .cards { display: flex; flex-wrap: wrap; gap: .6rem; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: .5rem .9rem; min-width: 80px; }
 .card b { display: block; font-size: 1.3rem; } .card span { color: #666; font-size: .8rem; }

@@ -115,18 +115,37 @@ def changes_section(r: dict[str, Any]) -> str:
     return section("changes", "What changed tonight", body)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _watch_cell(key: str, value: object) -> str:
+    """One watch-list value as HTML: numbers formatted (a score or similarity as 0.987,
+    never the float's 17 digits), ids bidi-isolated, the rest escaped."""
+    if isinstance(value, float):
+        return num(value, ".3f")
+    if _is_number(value):
+        return format(value, ",")
+    return ident(value) if key == "doc_id" else esc(value)
+
+
 def watch_section(r: dict[str, Any]) -> str:
     """The ``[audit] watch`` list's hits, when the audit recorded them (key ``watch``:
     a list of flat objects, one row each)."""
     hits = r.get("watch")
     if hits is None:
         return ""
-    rows_in = hits if isinstance(hits, list) else [hits]
+    rows_in = [
+        h if isinstance(h, dict) else {"hit": h}
+        for h in (hits if isinstance(hits, list) else [hits])
+    ]
     keys: list[str] = []
     for h in rows_in:
-        keys += [k for k in (h if isinstance(h, dict) else {"hit": h}) if k not in keys]
-    rows = [[esc(h.get(k) if isinstance(h, dict) else h) for k in keys] for h in rows_in]
-    body = table("watch-table", keys, rows, set()) if rows else '<p class="note">No hits.</p>'
+        keys += [k for k in h if k not in keys]
+    rows = [[_watch_cell(k, h.get(k)) for k in keys] for h in rows_in]
+    present = {k: [h[k] for h in rows_in if h.get(k) is not None] for k in keys}
+    numeric = {j for j, k in enumerate(keys) if present[k] and all(map(_is_number, present[k]))}
+    body = table("watch-table", keys, rows, numeric) if rows else '<p class="note">No hits.</p>'
     return section("watch", "Watch list", body)
 
 

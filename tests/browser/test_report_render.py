@@ -285,3 +285,60 @@ def test_drilldown_link_navigates_when_clicked(
         assert SCRIPT_TEXT in browser.evaluate("document.body.innerText")
     finally:
         browser.close()
+
+
+# --- what people see: whole words, formatted numbers (issue 31, item 16) ------------------
+
+# Every word of every table cell (up to 24 characters; a longer token such as a URL may
+# wrap inside itself) on one line: the words whose characters lie on two lines.
+BROKEN_WORDS_JS = r"""(() => {
+  const broken = [];
+  for (const cell of document.querySelectorAll('td, th')) {
+    const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      for (const m of n.data.matchAll(/\S+/g)) {
+        if (m[0].length > 24) continue;
+        const r = document.createRange();
+        r.setStart(n, m.index);
+        r.setEnd(n, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].map(b => Math.round(b.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+})()"""
+
+
+@pytest.fixture(scope="module")
+def watch_page(tmp_path_factory: pytest.TempPathFactory, headlines: list[str]) -> Path:
+    """A night with [audit] watch hits: seven columns, float scores and similarities."""
+    from tests.unit.test_report_polish import watch_hits
+
+    root = tmp_path_factory.mktemp("watch") / "run_date=2026-03-01"
+    make_run(root, headlines, n_docs=30)
+    audit = {**audit_dict("2026-03-01"), "watch": watch_hits(headlines)}
+    write_report(pafs.LocalFileSystem(), str(root), audit, [], RISK, 6)
+    return root / "report.html"
+
+
+def test_words_stay_whole_and_numbers_short(
+    chromium: str, watch_page: Path, tmp_path: Path
+) -> None:
+    """At a desktop and a narrow width, no word of a table breaks across lines (it was
+    "Bearis h" in the watch list) and no number shows a float's 17 digits."""
+    from tests.browser.cdp import Browser
+    from tests.unit.test_report_polish import RAW_FLOAT
+
+    browser = Browser(chromium, tmp_path / "profile", CHROMIUM_TIMEOUT_S)
+    try:
+        for width in (1280, 900):
+            browser.call("Emulation.setDeviceMetricsOverride", session=True, width=width,
+                         height=900, deviceScaleFactor=1, mobile=False)  # fmt: skip
+            browser.load(watch_page.as_uri())
+            assert browser.evaluate("document.querySelectorAll('#watch-table tr').length") == 7
+            assert browser.evaluate(BROKEN_WORDS_JS) == [], width
+            text = browser.evaluate("document.body.innerText")
+            assert RAW_FLOAT.findall(text) == [], width
+    finally:
+        browser.close()
