@@ -3,11 +3,13 @@ docintel.pipeline.search and docintel.pipeline.ann_index)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -81,9 +83,9 @@ def search(
 
     Examples:
 
-      docintel search out/demo "going concern doubt"
+      docintel search demo-out "going concern doubt"
 
-      docintel search out/demo "material weakness" --label Bearish --json
+      docintel search demo-out "material weakness" --label Bearish --json
 
       docintel search s3://bucket/run1 --queries watch.txt --doc-id 10-K/
     """
@@ -121,17 +123,33 @@ def _print_json(result: SearchResult) -> None:
     sys.stdout.flush()
 
 
+def _one_line(text: str) -> str:
+    """A sentence for the table: its newlines and tabs as spaces (a sentence split across
+    lines in the source is one sentence), then control characters escaped (``safe``)."""
+    return safe(_BREAKS.sub(" ", text))
+
+
+_BREAKS = re.compile(r"[\r\n\t]+")
+
+
 def _print_tables(result: SearchResult) -> None:
+    """One table per query that stays readable at 80 columns: no vertical rules, the
+    numbers never wrap, the doc id gets at most a fifth of the width (folded past it),
+    and the text column the rest, wrapped at word boundaries."""
     for q, hits in zip(result.queries, result.hits, strict=True):
-        t = Table(title=Text(f"{safe(q)!s}"), title_justify="left")
-        for name, justify in (("#", "right"), ("similarity", "right"), ("label", "left"),
-                              ("score", "right"), ("doc_id", "left"), ("sent", "right"),
-                              ("text", "left")):  # fmt: skip
-            t.add_column(name, justify=justify, overflow="fold")
+        t = Table(title=Text(safe(q)), title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
+        t.add_column("#", justify="right", no_wrap=True)
+        t.add_column("similarity", justify="right", no_wrap=True)
+        t.add_column("label", max_width=12, overflow="fold")
+        t.add_column("score", justify="right", no_wrap=True)
+        t.add_column("doc_id", overflow="fold", max_width=max(12, out.width // 5))
+        t.add_column("sent", justify="right", no_wrap=True)
+        t.add_column("text", overflow="fold", ratio=1)
         for n, h in enumerate(hits, 1):
             t.add_row(
                 str(n), f"{h['similarity']:.4f}", Text(safe(h["label"])), f"{h['score']:.3f}",
-                Text(safe(h["doc_id"])), str(h["sent_index"]), Text(safe(h["text"])),
+                Text(safe(h["doc_id"])), str(h["sent_index"]), Text(_one_line(h["text"])),
             )  # fmt: skip
         if not hits:
             t.caption = "no sentence matches the filters"
@@ -178,7 +196,7 @@ def index(
 
     Examples:
 
-      docintel index out/demo
+      docintel index demo-out
 
       docintel index s3://bucket/run1 --ray-address auto
     """

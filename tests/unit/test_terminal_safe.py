@@ -116,3 +116,38 @@ def test_search_json_lines_escape_every_control(capsys: pytest.CaptureFixture[st
         _assert_clean(line)
         assert "\\u202e" in line and "\\u009b" in line and "été 日本" in line
     assert json.loads(lines[0]) == {"query": "q\u202e1", **HIT}
+
+
+SENTENCE = (
+    "The company said on Tuesday that it expects revenue to fall\nsharply next quarter "
+    "as demand for its flagship products weakens\r\nin Europe and Asia."
+)
+
+
+def test_search_table_is_readable_at_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text column gets the width the other columns leave (not a sliver), wraps at
+    word boundaries, and shows a sentence's newlines as spaces, not \\x0a."""
+    from rich.cells import cell_len
+
+    from docintel.jobs.cli_search import _print_tables
+
+    monkeypatch.setenv("COLUMNS", "80")
+    hit = {"doc_id": "10-K/2024/acme-corporation-annual-report", "sent_index": 12,
+           "text": SENTENCE, "label": "Bearish", "score": 0.98765,
+           "similarity": 0.812345}  # fmt: skip
+    _print_tables(_result([hit, {**HIT, "label": "Neutral"}]))
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
+    col = lines[header].index("text")
+    assert 80 - col >= 24, lines[header]  # it was 15 columns wide
+    rows = lines[header + 2 :]
+    second = next(i for i, line in enumerate(rows) if line.startswith("2 "))
+    first = [line[col:].strip() for line in rows[:second]]
+    assert " ".join(first) == " ".join(SENTENCE.split())  # whole words, newlines as spaces
+    out = "\n".join(lines)
+    assert "\\x0a" not in out and "\\x0d" not in out
+    _assert_clean(out)  # the second hit's controls: escaped
+    assert "\\u2066" in out and "\\x1b[2J" in out
