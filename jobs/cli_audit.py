@@ -67,9 +67,9 @@ def audit(
 
     Examples:
 
-      docintel audit --source corpus/ --output audits/ --date 2026-05-01
+      docintel audit --source data/demo --output audits --date 2026-05-01
 
-      docintel audit --config nightly.toml      # source, output from the config
+      docintel audit -c infra/config/audit-local.toml   # source, output from it
     """
     from docintel.actors.runner import execute
     from docintel.pipeline.audit import run_audit

@@ -141,13 +141,13 @@ def submit(
 
     Examples:
 
-      docintel submit --address http://head:8265 --config job.toml
+      docintel submit --address http://head:8265 --config infra/config/job.toml
 
-      docintel submit -c job.toml --output s3://results/r1 --run-id r1 --no-wait
+      docintel submit -c infra/config/job.toml --run-id r1 --no-wait
 
-      docintel submit -c job.toml --working-dir . --input s3://corpus/2026/
+      docintel submit -c infra/config/job.toml --working-dir . --input s3://docs/
 
-      docintel submit -c job.toml --working-dir . --dry-run     # what would ship
+      docintel submit -c infra/config/job.toml --working-dir . --dry-run
     """
     from docintel.jobs import submit as jobs
 

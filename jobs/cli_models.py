@@ -361,9 +361,11 @@ def quantize(
     and both together against fp32 + fp32; writes parity.json in the int8 folder. CPU
     replicas of a spill layout load both int8 models.
 
-    Example:
+    Examples (quantize, then a run whose CPU replicas spill to the int8 models):
 
-      docintel quantize && docintel run corpus/ out/ --gpus 1 --config gpu.toml
+      docintel quantize
+
+      docintel run data/demo/documents.parquet demo-out --gpus 1
     """
     from docintel.pipeline.artefacts import build_lock
     from docintel.pipeline.offline import quantize as q

@@ -170,7 +170,7 @@ def run(
 
     Examples:
 
-      docintel run data/demo/documents.parquet out/demo
+      docintel run data/demo/documents.parquet demo-out
 
       docintel run corpus/ out/run1 --text-column body --id-column uuid
 
