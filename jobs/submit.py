@@ -7,7 +7,7 @@ Jobs API, stages the job's files and maps job states to exit codes lives here.
 The job runs ``python -m docintel.jobs.batch`` on the cluster (jobs/batch.py), which calls the
 same run function as `docintel run`. By default the job's working directory holds nothing but
 the config (as ``job.toml``): the cluster's image must have docintel installed (see
-infra/Dockerfile.cpu); nothing is pip-installed at run time (DESIGN.md, anti-patterns).
+infra/Dockerfile.cpu); nothing is pip-installed at run time (docs/design.md, anti-patterns).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Column names and Arrow schemas of the flowing batches and of the output tables.
 
-The output contract lives in DESIGN.md; this module is its single source in code.
+The output contract lives in docs/design.md; this module is its single source in code.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage logic: plain classes that run with or without Ray (DESIGN.md, Conventions)."""
+"""Stage logic: plain classes that run with or without Ray (docs/design.md, Conventions)."""
 
 from docintel.pipeline.stages.base import Stage, check_chain, run_stage
 

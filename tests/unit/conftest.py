@@ -1,6 +1,6 @@
 """Shared fixtures for the unit tier: real models, loaded once per test session.
 
-No Ray here (DESIGN.md, "Tests in three tiers"): stages are plain classes, so the tests
+No Ray here (docs/design.md, "Tests in three tiers"): stages are plain classes, so the tests
 call ``setup()`` and ``__call__`` directly on tiny pyarrow tables.
 """
 
