@@ -266,32 +266,32 @@ def _end_autoscaler_monitor() -> None:
                 proc.kill()
 
 
-def _ship_user_stages(cfg: Config) -> None:
+def _ship_user_stages(chain: registry.Chain) -> None:
     """The modules of user-defined stages travel with the stage objects, pickled by value:
     a ``module:Class`` the driver imports from its own path (a file beside a notebook, a
     folder on PYTHONPATH) then works in every worker, on a cluster too, without installing
     it there. A stage whose module imports other modules of its own still needs those
     installed on the nodes (an image, or ``docintel submit --working-dir``)."""
-    for spec in registry.chain(cfg):
+    for spec in chain:
         if not spec.builtin:
             ray.cloudpickle.register_pickle_by_value(sys.modules[spec.cls.__module__])
 
 
 @contextlib.contextmanager
 def stage_pools(
-    cfg: Config,
+    chain: registry.Chain,
     run_id: str,
     layout: dict[str, list[Pool]] | None = None,
 ) -> Iterator[PoolManager]:
-    """Start every stage replica (``layout``, default: the config's sized to the connected
-    cluster) and kill them all after. Replicas join as their models load (the run does
-    not wait for all of them first); the manager keeps the pools in step with the cluster
-    while the run goes on (actors/pools.py)."""
+    """Start every replica of the plan's stages (``chain``) as ``layout`` says (default:
+    sized to the connected cluster) and kill them all after. Replicas join as their models
+    load (the run does not wait for all of them first); the manager keeps the pools in
+    step with the cluster while the run goes on (actors/pools.py)."""
     shape = current_shape()
-    layout = layout or stage_layout(cfg, shape)
-    check_layout(cfg, layout, shape)
-    _ship_user_stages(cfg)
-    manager = PoolManager(cfg, run_id, layout)
+    layout = layout or stage_layout(chain.cfg, shape, chain)
+    check_layout(chain.cfg, layout, shape)
+    _ship_user_stages(chain)
+    manager = PoolManager(chain, run_id, layout)
     try:
         manager.start()
         yield manager

@@ -41,7 +41,7 @@ import ray
 from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import actor_options
 from docintel.actors.stages import StageActor
-from docintel.pipeline.config import AUTO, Config
+from docintel.pipeline.config import AUTO
 from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import DocintelError, RunFailed
 from docintel.pipeline.layout import (
@@ -51,9 +51,9 @@ from docintel.pipeline.layout import (
     NodeShape,
     Pool,
     build_stage,
-    split_cap,
     stage_layout,
 )
+from docintel.pipeline.registry import Chain
 
 _ACTOR = ray.remote(StageActor)  # one actor class for every stage
 WATCH_S = 2.0  # how often the driver looks at the cluster's nodes (one GCS call)
@@ -125,8 +125,8 @@ class _Member:
 class PoolManager:
     """The replicas of every stage pool of one run (see the module docstring)."""
 
-    def __init__(self, cfg: Config, run_id: str, layout: dict[str, list[Pool]]) -> None:
-        self.cfg, self.run_id = cfg, run_id
+    def __init__(self, chain: Chain, run_id: str, layout: dict[str, list[Pool]]) -> None:
+        self.chain, self.cfg, self.run_id = chain, chain.cfg, run_id
         self.layout = layout  # as started: fixes the CPU pools' precision for the run
         self.dispatcher = Dispatcher({s: [] for s in layout})
         self.actors: dict[str, Any] = {}  # replica key -> handle (the executor calls them)
@@ -215,7 +215,7 @@ class PoolManager:
         the cluster as it is now (a node joined), fixed pools back to their count (a node
         left with some of theirs; the new ones wait until the cluster can place them)."""
         try:
-            wanted = stage_layout(self.cfg, current_shape())
+            wanted = stage_layout(self.cfg, current_shape(), self.chain)
         except DocintelError:
             wanted = {}  # e.g. no GPU left for a gpu-only layout: keep what runs
         for stage in self.layout:
@@ -319,8 +319,8 @@ class PoolManager:
         self._next[(pool.stage, pool.kind)] += 1
         rep = Replica(pool.stage, index, pool.kind, pool.max_in_flight)
         opts = actor_options(pool, actor_name(self.run_id, rep.key))
-        stage = build_stage(self.cfg, pool)
-        handle = _ACTOR.options(**opts).remote(stage, rep.key, split_cap(self.cfg, pool.stage))
+        stage = build_stage(self.chain, pool)
+        handle = _ACTOR.options(**opts).remote(stage, rep.key, self.chain.split_cap(pool.stage))
         self.actors[rep.key] = handle
         member = _Member(rep, pool, handle, handle.ready.remote(), time.monotonic(), initial)
         self._waiting += 1

@@ -19,7 +19,7 @@ from docintel.actors import cluster
 from docintel.actors.executor import Executor, Sink
 from docintel.actors.resources import task_options
 from docintel.pipeline.config import Config
-from docintel.pipeline.layout import Pool, split_stage, stage_layout
+from docintel.pipeline.layout import Pool, stage_layout
 from docintel.pipeline.lease import LeaseLost
 from docintel.pipeline.output import RunOutput, RunSummary
 from docintel.pipeline.pieces import completed
@@ -83,8 +83,8 @@ def _process(
         # to the cluster as it is now, and the artefacts that layout runs built if missing
         layout = p.layout
         if layout is None or cluster.current_shape().gpus != (p.shape and p.shape.gpus):
-            layout = stage_layout(cfg, cluster.current_shape())
-            ensure_derived(cfg, layout=layout)
+            layout = stage_layout(cfg, cluster.current_shape(), p.chain)
+            ensure_derived(cfg, layout=layout, chain=p.chain)
         return _stream(cfg, p, output, summary, t0, layout, on_start, on_batch)
 
 
@@ -98,7 +98,8 @@ def _stream(
     on_start: StartCallback | None,
     on_batch: BatchCallback | None,
 ) -> dict[str, str]:
-    with cluster.stage_pools(cfg, output.run_id, layout) as pools:
+    assert p.chain is not None, "a plan from prepare() carries the resolved chain"
+    with cluster.stage_pools(p.chain, output.run_id, layout) as pools:
         if on_start:
             on_start(p.n_documents, output.done_documents())
         executor = Executor(
@@ -114,7 +115,7 @@ def _stream(
             on_tick=pools.poll,
             metrics=pools.metrics,
             wake=pools.pending_refs,
-            split_stage=split_stage(cfg),
+            split_stage=p.chain.split_stage,
             slicing=cfg.run.spill_slicing,
         )
 

@@ -155,15 +155,6 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
-def staging_dir(folder: Path) -> Path:
-    """A new hidden folder inside ``folder`` to stage files in (same filesystem: the final
-    rename is atomic); the caller removes it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    staged = folder / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
-    staged.mkdir()
-    return staged
-
-
 def write_whole(target: Path, data: bytes) -> None:
     """``target`` appears whole or not at all (a hidden sibling renamed into place)."""
     staged = target.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{target.name}.tmp")

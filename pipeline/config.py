@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from docintel.pipeline.errors import ConfigError
+from docintel.pipeline.schema import ONNX_FP32
 
 # --- input ---------------------------------------------------------------------------
 DEFAULT_ID_COLUMN = "doc_id"  # the column name `docintel ingest` writes
@@ -249,6 +250,11 @@ class RunConfig(_Strict):
         return v
 
 
+def onnx_alias(v: Any) -> Any:
+    """``cpu_runtime = "onnx"`` (its name before the backend keys): the key ``onnx-fp32``."""
+    return ONNX_FP32 if v == "onnx" else v
+
+
 class SentencizeConfig(_Strict):
     spacy_model: str = DEFAULT_SPACY_MODEL
     chunk_chars: int = Field(DEFAULT_CHUNK_CHARS, ge=1_000)
@@ -266,11 +272,14 @@ class EmbedConfig(_Strict):
     # int8 where they are a spill pool (the stage also has GPU replicas), fp32 otherwise;
     # int8 needs the artefacts of `docintel quantize` (encoder + classifier).
     cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
-    # Runtime of fp32 CPU replicas: "onnx" = the same weights as a fused ONNX graph on ONNX
-    # Runtime (built once per encoder version into the cache; exact to PyTorch, ~1.8x as
-    # fast on CPUs); "torch" = PyTorch eager.
-    cpu_runtime: Literal["onnx", "torch"] = "onnx"
+    # Runtime of fp32 CPU replicas, a backend key (pipeline/schema.py): "onnx-fp32" (or
+    # "onnx") = the same weights as a fused ONNX graph on ONNX Runtime (built once per
+    # encoder version into the cache; exact to PyTorch, ~1.8x as fast on CPUs); "torch" =
+    # PyTorch eager.
+    cpu_runtime: Literal["onnx-fp32", "torch"] = ONNX_FP32
     int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts.py)
+
+    _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
 
     def resolved_int8_dir(self) -> Path:
         if self.int8_dir:
@@ -292,11 +301,14 @@ class EmbedConfig(_Strict):
 class ClassifyConfig(_Strict):
     model_dir: str = DEFAULT_CLASSIFIER_DIR
     batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
-    # Runtime of fp32 CPU replicas: "onnx" = the Keras head's weights as an ONNX graph on
-    # ONNX Runtime (built once per head version into the cache; identical labels, and no
-    # TensorFlow import in the replica: ~4.5 CPU-s and ~0.6 GiB less per replica);
-    # "keras" = Keras on TensorFlow. GPU replicas always run Keras.
-    cpu_runtime: Literal["onnx", "keras"] = "onnx"
+    # Runtime of fp32 CPU replicas, a backend key: "onnx-fp32" (or "onnx") = the Keras
+    # head's weights as an ONNX graph on ONNX Runtime (built once per head version into the
+    # cache; identical labels, and no TensorFlow import in the replica: ~4.5 CPU-s and
+    # ~0.6 GiB less per replica); "keras" = Keras on TensorFlow. GPU replicas always run
+    # Keras.
+    cpu_runtime: Literal["onnx-fp32", "keras"] = ONNX_FP32
+
+    _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
 
     def resolved_model_dir(self) -> Path:
         from docintel.pipeline.artefacts import (

@@ -39,11 +39,12 @@ Layout = dict[str, list[Pool]]
 
 
 def run_layouts(
-    cfg: Config, shape: ClusterShape | None, specs: list[registry.StageSpec] | None = None
+    cfg: Config, shape: ClusterShape | None, specs: registry.Chain | None = None
 ) -> list[Layout]:
     """The layouts this run may start: the embedded Ray's, known before it starts; for a
     cluster joined by address (its shape is known only once connected), both what a CPU
     cluster and what a GPU cluster would run."""
+    specs = registry.resolve(cfg, specs)
     if shape is not None:
         return [stage_layout(cfg, shape, specs)]
     out = []
@@ -53,18 +54,18 @@ def run_layouts(
     return out
 
 
-def derived_artefacts(cfg: Config, layouts: list[Layout]) -> list[registry.Artefact]:
-    """Every derived model the layouts run, each once."""
+def derived_artefacts(chain: registry.Chain, layouts: list[Layout]) -> list[registry.Artefact]:
+    """Every derived model the layouts of ``chain`` run, each once."""
     seen: dict[object, registry.Artefact] = {}
     for layout in layouts:
-        for a in artefacts(cfg, layout):
+        for a in artefacts(chain, layout):
             seen.setdefault(a.path, a)
     return list(seen.values())
 
 
-def check_int8(cfg: Config, layouts: list[Layout]) -> None:
+def check_int8(chain: registry.Chain, layouts: list[Layout]) -> None:
     """The int8 artefacts exist for every stage whose layout runs them."""
-    for a in derived_artefacts(cfg, layouts):
+    for a in derived_artefacts(chain, layouts):
         if a.int8 and not a.path.is_file():
             raise ModelError(
                 f"the {a.stage} stage's CPU replicas run the {a.what}, but {a.path} (keyed "
@@ -83,15 +84,18 @@ def ensure_derived(
     say: Callable[[str], None] = _say,
     layout: Layout | None = None,
     layouts: list[Layout] | None = None,
+    chain: registry.Chain | None = None,
 ) -> None:
-    """Build, once per model version, the derived models the layout(s) run and the cache
-    lacks or holds damaged (the registry's backends say which: fused fp32 ONNX graphs,
-    int8 copies). Default: any layout this run may start. Never refused for a missing
-    artefact; concurrent runs and `docintel quantize` wait on one build (the folder's build
-    lock), and whoever gets the lock second finds the work done."""
+    """Build, once per model version, the derived models the layout(s) of ``chain`` (the
+    plan's; default: ``cfg``'s) run and the cache lacks or holds damaged (the registry's
+    backends say which: fused fp32 ONNX graphs, int8 copies). Default: any layout this
+    run may start. Never refused for a missing artefact; concurrent runs and `docintel
+    quantize` wait on one build (the folder's build lock), and whoever gets the lock
+    second finds the work done."""
+    chain = registry.resolve(cfg, chain)
     if layouts is None:
-        layouts = [layout] if layout is not None else run_layouts(cfg, expected_shape(cfg))
-    wanted = derived_artefacts(cfg, layouts)
+        layouts = [layout] if layout is not None else run_layouts(cfg, expected_shape(cfg), chain)
+    wanted = derived_artefacts(chain, layouts)
     if all(checksum_problem(a.path) is None for a in wanted):
         return
     folder = cfg.embed.resolved_int8_dir()

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, EMBED_REPLICAS_PER_LIGHT_REPLICA, Config, PoolConfig
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.schema import SENT_INDEX
 from docintel.pipeline.stages import Stage
 from docintel.pipeline.stages.faults import wrap
 
@@ -131,7 +130,7 @@ def _gpu_replicas(pool: PoolConfig, shape: ClusterShape) -> int:
 def _cpu_replicas(
     cfg: Config,
     shape: ClusterShape,
-    specs: list[registry.StageSpec],
+    specs: registry.Chain,
     gpu: dict[str, int],
     wanted: dict[str, bool],
 ) -> dict[str, int]:
@@ -250,13 +249,13 @@ def expected_shape(cfg: Config, gpus: int | None = None) -> ClusterShape | None:
 def stage_layout(
     cfg: Config,
     shape: ClusterShape | None = None,
-    specs: list[registry.StageSpec] | None = None,
+    specs: registry.Chain | None = None,
 ) -> dict[str, list[Pool]]:
-    """Per stage of the chain (in order), the pools the spill mode starts, sized to
-    ``shape`` (default: the embedded Ray's expected shape): GPU first (dispatch order),
-    then CPU."""
+    """Per stage of the chain (``specs``: the plan's; default: resolved from ``cfg``), in
+    order, the pools the spill mode starts, sized to ``shape`` (default: the embedded
+    Ray's expected shape): GPU first (dispatch order), then CPU."""
     shape = shape or expected_shape(cfg) or ClusterShape.of(os.cpu_count() or 1)
-    specs = specs if specs is not None else registry.chain(cfg)
+    specs = registry.resolve(cfg, specs)
     spill = cfg.run.spill
     pools = {s.name: cfg.resources.pool(s.name) for s in specs}
     gpu = {n: 0 if spill == "cpu-only" else _gpu_replicas(p, shape) for n, p in pools.items()}
@@ -312,13 +311,13 @@ def unplaceable(cfg: Config, layout: dict[str, list[Pool]], shape: ClusterShape)
     return None
 
 
-def artefacts(cfg: Config, layout: dict[str, list[Pool]]) -> list[registry.Artefact]:
+def artefacts(chain: registry.Chain, layout: dict[str, list[Pool]]) -> list[registry.Artefact]:
     """Every derived model the replicas of ``layout`` load (each once)."""
     out: dict[Path, registry.Artefact] = {}
-    for spec in registry.chain(cfg):
-        for pool in layout.get(spec.name, []):
-            for a in spec.backend_for(cfg, pool).artefacts(cfg):
-                out.setdefault(a.path, replace(a, stage=spec.name))
+    for pools in layout.values():
+        for pool in pools:
+            for a in chain.artefacts(pool):
+                out.setdefault(a.path, a)
     return list(out.values())
 
 
@@ -327,21 +326,10 @@ def int8_stages(layout: dict[str, list[Pool]]) -> list[str]:
     return [s for s, pools in layout.items() if any(p.precision == "int8" for p in pools)]
 
 
-def split_stage(cfg: Config) -> str | None:
-    """The stage after which a batch over ``[run] max_batch_sentences`` sentence rows is
-    split into pieces (pipeline/pieces.py): the first that makes sentence rows."""
-    return next((s.name for s in registry.chain(cfg) if SENT_INDEX in s.output_columns), None)
-
-
-def split_cap(cfg: Config, stage: str) -> int:
-    """The row bound a replica of ``stage`` splits its results at (0: it never splits)."""
-    return cfg.run.max_batch_sentences if stage == split_stage(cfg) else 0
-
-
-def build_stage(cfg: Config, pool: Pool) -> Stage:
+def build_stage(chain: registry.Chain, pool: Pool) -> Stage:
     """The stage object one replica of ``pool`` holds (config only: the model loads in the
-    replica's ``setup()``), as its registry entry builds it for the pool's backend, with
-    the ``[faults]`` that apply to it (tests and benchmarks only)."""
-    spec = registry.spec(cfg, pool.stage)
+    replica's ``setup()``), as the plan's resolved chain builds it for the pool's backend,
+    with the ``[faults]`` that apply to it (tests and benchmarks only)."""
+    spec, cfg = chain.spec(pool.stage), chain.cfg
     modelled = spec.has_weights or cfg.faults.gpu_model_rule_based
-    return wrap(spec.build(cfg, pool), cfg, pool.kind, spec.placeholder if modelled else None)
+    return wrap(chain.build(pool), cfg, pool.kind, spec.placeholder if modelled else None)

@@ -48,25 +48,31 @@ class Plan:
     versions: dict[str, str]
     warnings: list[str]
     skipped_files: list[dict[str, str]]  # unreadable inputs: the run is partial
-    stages: list[str] = field(default_factory=list)  # the chain, in order
+    stages: list[str] = field(default_factory=list)  # the chain's names, in order
     # The embedded Ray's shape and the layout sized to it, computed once here (GPUs
     # detected once); None for a cluster joined by address: sized once connected.
     shape: ClusterShape | None = None
     layout: Layout | None = None
+    # The stages, resolved once (registry.chain: user stages imported, specs, backends,
+    # columns): layout, replica builds, artefacts and split caps all read this one.
+    chain: registry.Chain | None = None
 
 
 def check_models(
     cfg: Config,
-    specs: list[registry.StageSpec] | None = None,
+    specs: registry.Chain | None = None,
     layouts: list[Layout] | None = None,
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """Labels, model versions (per stage, where the driver can know them) and warnings;
     ModelError if a model is missing or mismatched (each stage's registry check), or an
     int8 artefact the layouts run is missing (default: any layout this run may start)."""
-    _check_int8(cfg, layouts if layouts is not None else _layouts(cfg, expected_shape(cfg)))
+    specs = registry.resolve(cfg, specs)
+    if layouts is None:
+        layouts = _layouts(cfg, expected_shape(cfg), specs)
+    _check_int8(specs, layouts)
     labels: list[str] = []
     versions: dict[str, str] = {}
-    for spec in specs if specs is not None else registry.chain(cfg):
+    for spec in specs:
         facts = spec.check(cfg)
         if facts.version is not None:
             versions[spec.name] = facts.version
@@ -111,7 +117,7 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     check_declared_gpus(cfg, gpus)
     shape = expected_shape(cfg, gpus)
     layouts = _layouts(cfg, shape, specs)
-    ensure_derived(cfg, layouts=layouts)
+    ensure_derived(cfg, layouts=layouts, chain=specs)
     labels, versions, warnings = check_models(cfg, specs, layouts)
     fs, files = resolve_input(input_uri, cfg.storage)
     files, skipped = split_readable(fs, files)
@@ -121,6 +127,6 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     warnings += [f"skipped unreadable input file: {s['reason']}" for s in skipped]
     return Plan(
         cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped,
-        stages=[s.name for s in specs], shape=shape,
-        layout=layouts[0] if shape is not None else None,
+        stages=specs.names, shape=shape, layout=layouts[0] if shape is not None else None,
+        chain=specs.with_config(cfg),
     )  # fmt: skip

@@ -33,8 +33,8 @@ import importlib
 import importlib.metadata
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,23 +49,27 @@ from docintel.pipeline.artefacts import (
     classifier_fp32_path,
     classifier_int8_path,
 )
-from docintel.pipeline.config import Config
+from docintel.pipeline.config import Config, EmbedConfig
 from docintel.pipeline.errors import ConfigError, ModelError
 from docintel.pipeline.schema import (
-    BACKEND_CPU_FP32,
-    BACKEND_GPU_FP32,
-    BACKEND_GPU_SIM,
     DOC_ID,
     EMBEDDING,
     END_CHAR,
+    KERAS,
     LABEL,
     N_TOKENS,
+    ONNX_FP32,
+    ONNX_INT8,
     PROBS,
     SCORE,
     SENT_INDEX,
+    SPACY,
     START_CHAR,
     TEXT,
+    TORCH,
     TRUNCATED,
+    USER,
+    backend_label,
 )
 from docintel.pipeline.stages.base import Placement, Stage, cuda_available
 from docintel.pipeline.stages.classify import (
@@ -85,6 +89,8 @@ class Pool(Protocol):
     """What a backend builder reads of a pool (docintel.pipeline.layout.Pool): the
     registry sits below the layout, which sizes pools from it."""
 
+    @property
+    def stage(self) -> str: ...
     @property
     def kind(self) -> str: ...
     @property
@@ -161,13 +167,6 @@ class StageSpec:
     def output_columns(self) -> tuple[str, ...]:
         return tuple(self.cls.output_columns)
 
-    def backend_for(self, cfg: Config, pool: Pool) -> Backend:
-        return self.backends[self.choose(cfg, pool)]
-
-    def build(self, cfg: Config, pool: Pool) -> Stage:
-        """The stage object one replica of ``pool`` holds (config only)."""
-        return self.backend_for(cfg, pool).build(cfg, pool)
-
 
 # --- the built-in stages -----------------------------------------------------------------
 
@@ -176,16 +175,18 @@ def _placement(pool: Pool) -> Placement:
     return Placement(pool.kind, pool.gpu_fraction)
 
 
-def _choose_model_backend(runtime: Callable[[Config], str]) -> Callable[[Config, Pool], str]:
-    """GPU pools run the framework itself; CPU pools int8 or fp32, fp32 as ``runtime``
-    (``[embed|classify] cpu_runtime``) says: ONNX by default."""
+def _choose_model_backend(
+    framework: str, runtime: Callable[[Config], str]
+) -> Callable[[Config, Pool], str]:
+    """GPU pools run the ``framework`` itself; CPU pools int8 or fp32, fp32 on the backend
+    ``runtime`` names (``[embed|classify] cpu_runtime``, a backend key: ONNX by default)."""
 
     def choose(cfg: Config, pool: Pool) -> str:
         if pool.kind == "gpu":
-            return "gpu"
+            return framework
         if pool.precision == "int8":
-            return "onnx-int8"
-        return "onnx-fp32" if runtime(cfg) == "onnx" else "cpu"
+            return ONNX_INT8
+        return runtime(cfg)
 
     return choose
 
@@ -308,8 +309,8 @@ def _classify_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Arra
 SENTENCIZE = StageSpec(
     name=Sentencizer.name,
     cls=Sentencizer,
-    backends={"spacy": Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
-    choose=lambda _cfg, _pool: "spacy",
+    backends={SPACY: Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
+    choose=lambda _cfg, _pool: SPACY,
     check=_check_sentencize,
     placeholder=_sentencize_placeholder,
     has_weights=False,
@@ -319,18 +320,17 @@ EMBED = StageSpec(
     name=Embedder.name,
     cls=Embedder,
     backends={
-        "gpu": Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, _placement(p))),
-        "cpu": Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, Placement())),
-        "onnx-fp32": Backend(
+        TORCH: Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, _placement(p))),
+        ONNX_FP32: Backend(
             lambda cfg, p: OnnxEmbedder(cfg.embed, cfg.embed.resolved_int8_dir(), p.replicas),
             _encoder_artefact("fused fp32 ONNX encoder", FP32_MODEL_FILE, "fp32"),
         ),
-        "onnx-int8": Backend(
+        ONNX_INT8: Backend(
             lambda cfg, p: Int8Embedder(cfg.embed, cfg.embed.resolved_int8_dir(), p.replicas),
             _encoder_artefact("int8 encoder", INT8_MODEL_FILE, "int8"),
         ),
     },
-    choose=_choose_model_backend(lambda cfg: cfg.embed.cpu_runtime),
+    choose=_choose_model_backend(TORCH, lambda cfg: cfg.embed.cpu_runtime),
     heavy=True,
     int8=True,
     check=_check_embed,
@@ -341,28 +341,50 @@ CLASSIFY = StageSpec(
     name=Classifier.name,
     cls=Classifier,
     backends={
-        "gpu": Backend(lambda cfg, p: Classifier(cfg.classify, CLASSIFY_THREADS, _placement(p))),
-        "cpu": Backend(lambda cfg, _p: Classifier(cfg.classify, CLASSIFY_THREADS, Placement())),
-        "onnx-fp32": Backend(
+        KERAS: Backend(lambda cfg, p: Classifier(cfg.classify, CLASSIFY_THREADS, _placement(p))),
+        ONNX_FP32: Backend(
             lambda cfg, _p: OnnxClassifier(
                 cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS
             ),
             _head_artefact("fp32 ONNX classifier", int8=False),
         ),
-        "onnx-int8": Backend(
+        ONNX_INT8: Backend(
             lambda cfg, _p: Int8Classifier(
                 cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS
             ),
             _head_artefact("int8 classifier", int8=True),
         ),
     },
-    choose=_choose_model_backend(lambda cfg: cfg.classify.cpu_runtime),
+    choose=_choose_model_backend(KERAS, lambda cfg: cfg.classify.cpu_runtime),
     int8=True,
     check=_check_classify,
     placeholder=_classify_placeholder,
 )
 
 BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, EMBED, CLASSIFY)
+
+
+@dataclass(frozen=True)
+class _QueryPool:
+    """Where `docintel search` embeds its queries: one fp32 CPU replica, on the driver."""
+
+    stage: str = EMBED.name
+    kind: str = "cpu"
+    replicas: int = 1
+    gpu_fraction: float = 0.0
+    precision: str = "fp32"
+
+
+def query_embedder(embed: EmbedConfig, key: str | None = None) -> tuple[str, Stage]:
+    """The embed stage as `docintel search` runs it for queries (config only), and its
+    backend key: what a run's fp32 CPU replicas run with these settings, as the stage's
+    declaration chooses it (``[embed] cpu_runtime``), or the backend ``key``."""
+    cfg = Config(embed=embed)
+    pool = _QueryPool()
+    key = key or EMBED.choose(cfg, pool)
+    return key, EMBED.backends[key].build(cfg, pool)
+
+
 BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
 
 
@@ -386,10 +408,8 @@ class UserStage(Stage):
         self.inner.setup()
         backend = self.inner.backend
         if backend == Stage.backend:  # not set by the stage: say where it ran
-            if self.kind != "gpu":
-                backend = BACKEND_CPU_FP32
-            else:
-                backend = BACKEND_GPU_FP32 if cuda_available() else BACKEND_GPU_SIM
+            gpu = self.kind == "gpu"
+            backend = backend_label(USER, gpu, gpu and cuda_available())
         self.backend = backend
         version = self.inner.version
         cls = type(self.inner)
@@ -452,14 +472,70 @@ def _user_spec(entry: str, cfg: Config) -> StageSpec:
     return StageSpec(
         name=name,
         cls=cls,
-        backends={"user": Backend(build)},
-        choose=lambda _cfg, _pool: "user",
+        backends={USER: Backend(build)},
+        choose=lambda _cfg, _pool: USER,
         builtin=False,
         settings=settings,
     )
 
 
-def chain(cfg: Config) -> list[StageSpec]:
+@dataclass(frozen=True)
+class Chain:
+    """The run's stages, resolved once from its config (:func:`chain`) and carried by the
+    plan: each stage's spec in order (its columns, backends, pool growth), and what a run
+    asks of them: the backend a pool runs, the stage object a replica holds, the derived
+    artefacts a pool loads, the stage after which batches split. Nothing downstream of
+    the plan resolves the chain again (a user stage's module is imported once)."""
+
+    cfg: Config
+    specs: tuple[StageSpec, ...]
+
+    def __iter__(self) -> Iterator[StageSpec]:
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def spec(self, name: str) -> StageSpec:
+        """The stage called ``name``."""
+        for s in self.specs:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def with_config(self, cfg: Config) -> Chain:
+        """The same stages under ``cfg`` (the plan's, with its batch size resolved)."""
+        return replace(self, cfg=cfg)
+
+    def backend(self, pool: Pool) -> str:
+        """The backend key the replicas of ``pool`` run."""
+        return self.spec(pool.stage).choose(self.cfg, pool)
+
+    def build(self, pool: Pool) -> Stage:
+        """The stage object one replica of ``pool`` holds (config only), unwrapped."""
+        return self.spec(pool.stage).backends[self.backend(pool)].build(self.cfg, pool)
+
+    def artefacts(self, pool: Pool) -> list[Artefact]:
+        """The derived models the replicas of ``pool`` load."""
+        found = self.spec(pool.stage).backends[self.backend(pool)].artefacts(self.cfg)
+        return [replace(a, stage=pool.stage) for a in found]
+
+    @property
+    def split_stage(self) -> str | None:
+        """The stage after which a batch over ``[run] max_batch_sentences`` sentence rows
+        is split into pieces (pipeline/pieces.py): the first that makes sentence rows."""
+        return next((s.name for s in self.specs if SENT_INDEX in s.output_columns), None)
+
+    def split_cap(self, stage: str) -> int:
+        """The row bound a replica of ``stage`` splits its results at (0: never)."""
+        return self.cfg.run.max_batch_sentences if stage == self.split_stage else 0
+
+
+def chain(cfg: Config) -> Chain:
     """The run's stages in order (``[pipeline] stages``; empty: the built-in chain)."""
     entries = cfg.pipeline.stages or BUILTIN_NAMES
     by_name = {s.name: s for s in BUILTIN}
@@ -474,19 +550,14 @@ def chain(cfg: Config) -> list[StageSpec]:
             f"[pipeline] stages must hold the built-in stages {list(BUILTIN_NAMES)} in this "
             f"order (user stages may go between or after them); it has {builtin}"
         )
-    return specs
+    return Chain(cfg, tuple(specs))
 
 
-def spec(cfg: Config, name: str) -> StageSpec:
-    """The stage called ``name`` in this run's chain."""
-    for s in chain(cfg):
-        if s.name == name:
-            return s
-    raise KeyError(name)
-
-
-def stage_names(cfg: Config) -> list[str]:
-    return [s.name for s in chain(cfg)]
+def resolve(cfg: Config, stages: Chain | None = None) -> Chain:
+    """``stages`` where the caller has them (a run: the plan's); else ``cfg``'s chain,
+    resolved now, for callers outside a run (`docintel quantize`, the audit's model
+    checks, tests and benchmarks)."""
+    return stages if stages is not None else chain(cfg)
 
 
 def _unknown(kind: str, name: str, names: Sequence[str]) -> ConfigError:
@@ -498,7 +569,7 @@ def _unknown(kind: str, name: str, names: Sequence[str]) -> ConfigError:
     )
 
 
-def check_config(cfg: Config) -> list[StageSpec]:
+def check_config(cfg: Config) -> Chain:
     """The chain, with every stage-keyed setting checked against it: ``[resources.<x>]``,
     ``[stages.<x>]``, ``[faults]`` stage names; user stages constructed (config only) so a
     wrong keyword fails here, naming the entry; the columns checked end to end."""

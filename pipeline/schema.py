@@ -42,6 +42,30 @@ BACKEND_CPU_FP32 = "cpu-fp32"  # the framework itself (PyTorch, Keras, spaCy) on
 BACKEND_CPU_FP32_ONNX = "cpu-fp32-onnx"
 BACKEND_CPU_INT8 = "cpu-int8"
 
+# Backend keys: how a stage runs, in one vocabulary for the config ([embed|classify]
+# cpu_runtime), the stage registry's backends and the encoder runtimes (RUNTIMES). A
+# framework key runs wherever its replica is placed; an ONNX key runs on the CPU.
+TORCH = "torch"  # the encoder folder on PyTorch
+KERAS = "keras"  # the classifier head on Keras (TensorFlow)
+SPACY = "spacy"  # the sentencizer's spaCy pipeline
+USER = "user"  # a user-defined stage's own code
+ONNX_FP32 = "onnx-fp32"  # the same fp32 weights as an ONNX graph on ONNX Runtime
+ONNX_INT8 = "onnx-int8"  # the int8 copy on ONNX Runtime
+_ONNX_LABELS = {ONNX_FP32: BACKEND_CPU_FP32_ONNX, ONNX_INT8: BACKEND_CPU_INT8}
+
+
+def backend_label(key: str, gpu: bool = False, cuda: bool = False, dtype: str = "fp32") -> str:
+    """The row label (``<stage>_backend``) of a result computed by backend ``key``: an ONNX
+    key's own label; a framework's by where it computed: on the CPU (``cpu-fp32``), in a
+    GPU replica without CUDA (``gpu-sim``), or on a card in ``dtype`` (``gpu-fp16``,
+    ``gpu-bf16``, ``gpu-fp32``)."""
+    if key in _ONNX_LABELS:
+        return _ONNX_LABELS[key]
+    if not gpu:
+        return BACKEND_CPU_FP32
+    return f"gpu-{dtype}" if cuda else BACKEND_GPU_SIM
+
+
 ERRORS_SCHEMA = pa.schema(
     [
         pa.field(DOC_ID, pa.string(), nullable=False),

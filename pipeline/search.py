@@ -31,10 +31,9 @@ import numpy as np
 import pyarrow as pa
 
 from docintel.pipeline import ann_index
-from docintel.pipeline.artefacts import FP32_MODEL_FILE
 from docintel.pipeline.config import Config, EmbedConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
-from docintel.pipeline.schema import EMBEDDING
+from docintel.pipeline.schema import EMBEDDING, TORCH
 from docintel.pipeline.search_source import (
     HIT_COLUMNS,
     READ_BATCH_ROWS,
@@ -101,24 +100,29 @@ class QueryEncoder:
         return installed
 
     def _load(self) -> Any:
-        from docintel.pipeline.stages.embed import Embedder
+        from docintel.pipeline.registry import query_embedder
 
         if self._stage is None:
-            # the run's CPU path (the fused fp32 ONNX graph, exact to PyTorch) when it is
-            # built from this very encoder; else the encoder folder on PyTorch
-            onnx = self.cfg.resolved_int8_dir() / FP32_MODEL_FILE
-            stage = None
-            if self.cfg.cpu_runtime == "onnx" and onnx.is_file():
-                stage = Embedder(self.cfg, runtime="onnx-fp32", path=onnx)
-                stage.setup()
-                if not stage.version.startswith(f"{self.version}+"):
-                    stage.teardown()
-                    stage = None
-            if stage is None:
-                stage = Embedder(self.cfg, runtime="torch")
+            # what the run's fp32 CPU replicas run, as the registry chooses it ([embed]
+            # cpu_runtime: the fused fp32 ONNX graph, exact to PyTorch, by default) when
+            # that artefact is built from this very encoder; else the encoder on PyTorch
+            key, stage = query_embedder(self.cfg)
+            if key == TORCH or not self._derived_from_this(stage):
+                _, stage = query_embedder(self.cfg, TORCH)
                 stage.setup()
             self._stage = stage
         return self._stage
+
+    def _derived_from_this(self, stage: Any) -> bool:
+        """``stage`` runs an artefact that exists and was built from this encoder (then it
+        is set up; else torn down)."""
+        if stage.path is None or not stage.path.is_file():
+            return False
+        stage.setup()
+        if stage.version.startswith(f"{self.version}+"):
+            return True
+        stage.teardown()
+        return False
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(unit vectors float32 [n, dim], truncated flags) exactly as the embed stage

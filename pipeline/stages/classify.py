@@ -26,15 +26,14 @@ from docintel.pipeline.artefacts import (
 from docintel.pipeline.config import ClassifyConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import (
-    BACKEND_CPU_FP32,
-    BACKEND_CPU_FP32_ONNX,
-    BACKEND_CPU_INT8,
-    BACKEND_GPU_FP32,
-    BACKEND_GPU_SIM,
     EMBEDDING,
+    KERAS,
     LABEL,
+    ONNX_FP32,
+    ONNX_INT8,
     PROBS,
     SCORE,
+    backend_label,
 )
 from docintel.pipeline.stages.base import Placement, Stage
 from docintel.pipeline.stages.onnx_session import onnx_session
@@ -111,9 +110,9 @@ def configure_tf(placement: Placement) -> str:
     if not placement.wants_gpu:
         if gpus:
             tf.config.set_visible_devices([], "GPU")
-        return BACKEND_CPU_FP32
+        return backend_label(KERAS)
     if not gpus:
-        return BACKEND_GPU_SIM
+        return backend_label(KERAS, gpu=True)
     import torch  # only to read the card's size; TF has no portable query for it
 
     total_mb = torch.cuda.get_device_properties(0).total_memory // (1024 * 1024)
@@ -122,7 +121,7 @@ def configure_tf(placement: Placement) -> str:
     tf.config.set_logical_device_configuration(
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit)]
     )
-    return BACKEND_GPU_FP32
+    return backend_label(KERAS, gpu=True, cuda=True)
 
 
 def load_keras(path: Path, threads: int = 0) -> Any:
@@ -271,11 +270,11 @@ class OnnxClassifier(Classifier):
                 f"{len(self.labels)}; rebuild it with `docintel quantize`"
             )
         if self.precision == "int8":
-            self.backend = BACKEND_CPU_INT8
+            self.backend = backend_label(ONNX_INT8)
             digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
             self.version = f"{version}+int8@{digest}"
         else:  # the same weights, as the ONNX encoder says it: <version>+onnx
-            self.backend = BACKEND_CPU_FP32_ONNX
+            self.backend = backend_label(ONNX_FP32)
             self.version = f"{version}+onnx"
 
     def predict(self, x: np.ndarray) -> np.ndarray:

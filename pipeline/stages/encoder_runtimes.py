@@ -25,14 +25,7 @@ from docintel.pipeline.artefacts import (
 )
 from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.schema import (
-    BACKEND_CPU_FP32,
-    BACKEND_CPU_FP32_ONNX,
-    BACKEND_CPU_INT8,
-    BACKEND_GPU_BF16,
-    BACKEND_GPU_FP16,
-    BACKEND_GPU_SIM,
-)
+from docintel.pipeline.schema import ONNX_FP32, ONNX_INT8, TORCH, backend_label
 from docintel.pipeline.stages.base import Placement
 from docintel.pipeline.stages.encoder_folder import check_encoder_dir, load_encoder
 from docintel.pipeline.stages.onnx_session import onnx_session
@@ -122,17 +115,18 @@ class TorchRuntime(EncoderRuntime):
 
     def _place(self, torch: Any) -> None:
         """Cap a GPU replica at its fraction and use half precision; else fp32 on the CPU."""
-        self.backend = BACKEND_CPU_FP32
+        self.backend = backend_label(TORCH)
         if not self.placement.wants_gpu:
             return
         if not torch.cuda.is_available():
-            self.backend = BACKEND_GPU_SIM
+            self.backend = backend_label(TORCH, gpu=True)
             return
         torch.cuda.set_per_process_memory_fraction(self.placement.gpu_fraction)
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         self.model = self.model.to(CUDA, dtype=dtype)
         self.device = CUDA
-        self.backend = BACKEND_GPU_BF16 if dtype == torch.bfloat16 else BACKEND_GPU_FP16
+        half = "bf16" if dtype == torch.bfloat16 else "fp16"
+        self.backend = backend_label(TORCH, gpu=True, cuda=True, dtype=half)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         import torch
@@ -156,7 +150,7 @@ class OnnxRuntime(EncoderRuntime):
     ort-fp32); no torch import. ``path`` is the .onnx file; its folder holds the
     tokenizer and config.json, as `docintel quantize` writes them."""
 
-    backend = BACKEND_CPU_FP32_ONNX
+    backend = backend_label(ONNX_FP32)
     model_file: ClassVar[str] = FP32_MODEL_FILE  # in the derived-artefact folder
 
     input_names: frozenset[str] = frozenset()  # the graph's inputs, read at load
@@ -207,7 +201,7 @@ class OnnxInt8Runtime(OnnxRuntime):
     """The int8 copy of the encoder (built by `docintel quantize`, or a run's first need)
     on ONNX Runtime: the CPU spill replicas' encoder."""
 
-    backend = BACKEND_CPU_INT8
+    backend = backend_label(ONNX_INT8)
     model_file: ClassVar[str] = INT8_MODEL_FILE
 
     def model_version(self) -> str:
@@ -223,10 +217,11 @@ class OnnxInt8Runtime(OnnxRuntime):
         return f"{source}+int8@{fingerprint(folder)[-12:]}"
 
 
-# Runtimes by name. A new one is one EncoderRuntime subclass and one line here.
+# Runtimes by backend key (pipeline/schema.py: the config's and the registry's keys too).
+# A new one is one EncoderRuntime subclass and one line here.
 RUNTIMES: dict[str, type[EncoderRuntime]] = {
-    "torch": TorchRuntime,
-    "onnx-fp32": OnnxRuntime,
-    "onnx-int8": OnnxInt8Runtime,
+    TORCH: TorchRuntime,
+    ONNX_FP32: OnnxRuntime,
+    ONNX_INT8: OnnxInt8Runtime,
 }
-DEFAULT_RUNTIME = "torch"  # the source folder itself: works for any local encoder, any device
+DEFAULT_RUNTIME = TORCH  # the source folder itself: works for any local encoder, any device

@@ -87,10 +87,6 @@ class FaultyStage(_Standin):
         return self.inner(table)
 
 
-# The earlier name of the poisoning wrapper (tests and benches used it).
-PoisonedStage = FaultyStage
-
-
 class ModelledStage(_Standin):
     """A GPU replica of a model stage that computes nothing (benchmarks only).
 

@@ -13,14 +13,13 @@ import pyarrow.compute as pc
 from docintel.pipeline.config import SentencizeConfig
 from docintel.pipeline.errors import DocumentsRejected, ModelError
 from docintel.pipeline.schema import (
-    BACKEND_CPU_FP32,
-    BACKEND_GPU_FP32,
-    BACKEND_GPU_SIM,
     DOC_ID,
     END_CHAR,
     SENT_INDEX,
+    SPACY,
     START_CHAR,
     TEXT,
+    backend_label,
 )
 from docintel.pipeline.stages.base import Placement, Stage, cuda_available
 
@@ -126,12 +125,12 @@ class Sentencizer(Stage):
     def setup(self) -> None:
         blank = self.cfg.spacy_model.startswith("blank:") and not self.placement.wants_gpu
         spacy = _import_spacy(without_torch=blank)
-        self.backend = BACKEND_CPU_FP32
+        self.backend = backend_label(SPACY)
         if self.placement.wants_gpu:  # the rule-based sentencizer stays on the CPU anyway
             if not cuda_available():
-                self.backend = BACKEND_GPU_SIM
+                self.backend = backend_label(SPACY, gpu=True)
             elif spacy.prefer_gpu():  # needs cupy; a trained pipeline then runs on the GPU
-                self.backend = BACKEND_GPU_FP32
+                self.backend = backend_label(SPACY, gpu=True, cuda=True)
         self.nlp = load_spacy(self.cfg.spacy_model)
         self.nlp.max_length = self.cfg.chunk_chars + 1
         meta = self.nlp.meta

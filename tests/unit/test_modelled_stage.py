@@ -13,6 +13,7 @@ import time
 import pyarrow as pa
 import pytest
 
+from docintel.pipeline import registry
 from docintel.pipeline.config import load_config
 from docintel.pipeline.layout import build_stage, stage_layout
 from docintel.pipeline.schema import BACKEND_CPU_MODEL, BACKEND_GPU_MODEL, TEXT
@@ -38,8 +39,9 @@ def _config(seconds: float = S_PER_SENTENCE, spill: str = "auto"):
 
 def _stages(cfg) -> dict[tuple[str, str], object]:
     """(stage, pool kind) -> the stage object build_stage gives that pool's replicas."""
-    layout = stage_layout(cfg)
-    return {(s, p.kind): build_stage(cfg, p) for s, pools in layout.items() for p in pools}
+    chain = registry.chain(cfg)
+    layout = stage_layout(cfg, None, chain)
+    return {(s, p.kind): build_stage(chain, p) for s, pools in layout.items() for p in pools}
 
 
 def test_only_gpu_replicas_of_the_model_stages_are_modelled() -> None:
@@ -108,11 +110,13 @@ PROBE = textwrap.dedent(
     import json, sys
     import pyarrow as pa
     from docintel.pipeline.config import load_config
+    from docintel.pipeline import registry
     from docintel.pipeline.layout import build_stage, stage_layout
     cfg = load_config(None, {"run.spill": "gpu-only", "faults.gpu_model_s_per_sentence": 0.001,
         **{f"resources.{s}.gpu_replicas": 1 for s in ("sentencize", "embed", "classify")}})
-    layout = stage_layout(cfg)
-    embed, classify = (build_stage(cfg, layout[s][0]) for s in ("embed", "classify"))
+    chain = registry.chain(cfg)
+    layout = stage_layout(cfg, None, chain)
+    embed, classify = (build_stage(chain, layout[s][0]) for s in ("embed", "classify"))
     embed.setup(); classify.setup()
     out = classify(embed(pa.table({"text": ["One.", "Two."]})))
     print("RESULT " + json.dumps({"rows": out.num_rows,

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from docintel.pipeline import registry
 from docintel.pipeline.artefacts import FP32_MODEL_FILE, classifier_fp32_path
 from docintel.pipeline.config import Config, EmbedConfig
 from docintel.pipeline.layout import CPU_POOL, build_stage, stage_layout
@@ -51,21 +52,27 @@ def test_the_default_cpu_embed_replica_runs_the_onnx_graph(onnx_dir: Path) -> No
     cfg = Config().with_overrides({"embed.int8_dir": str(onnx_dir)})
     (pool,) = stage_layout(cfg)["embed"]
     assert pool.kind == CPU_POOL and pool.precision == "fp32"
-    assert isinstance(build_stage(cfg, pool), OnnxEmbedder)
+    assert isinstance(build_stage(registry.chain(cfg), pool), OnnxEmbedder)
     torch_cfg = cfg.with_overrides({"embed.cpu_runtime": "torch"})
-    assert type(build_stage(torch_cfg, stage_layout(torch_cfg)["embed"][0])) is Embedder
+    assert (
+        type(build_stage(registry.chain(torch_cfg), stage_layout(torch_cfg)["embed"][0]))
+        is Embedder
+    )
 
 
 def test_the_default_cpu_classify_replica_runs_the_onnx_head(onnx_dir: Path) -> None:
     cfg = Config().with_overrides({"embed.int8_dir": str(onnx_dir)})
     (pool,) = stage_layout(cfg)["classify"]
-    assert isinstance(build_stage(cfg, pool), OnnxClassifier)
+    assert isinstance(build_stage(registry.chain(cfg), pool), OnnxClassifier)
     keras_cfg = cfg.with_overrides({"classify.cpu_runtime": "keras"})
-    assert type(build_stage(keras_cfg, stage_layout(keras_cfg)["classify"][0])) is Classifier
+    assert (
+        type(build_stage(registry.chain(keras_cfg), stage_layout(keras_cfg)["classify"][0]))
+        is Classifier
+    )
     # a GPU replica runs Keras on the card whatever the CPU runtime
     gpu_cfg = cfg.with_overrides({"resources.classify.gpu_replicas": 1, "run.num_gpus": 1})
     gpu = next(p for p in stage_layout(gpu_cfg)["classify"] if p.kind == "gpu")
-    assert type(build_stage(gpu_cfg, gpu)) is Classifier
+    assert type(build_stage(registry.chain(gpu_cfg), gpu)) is Classifier
 
 
 def test_onnx_fp32_is_exact_to_torch_on_the_validation_split(

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from docintel.pipeline import registry
 from docintel.pipeline.config import ClassifyConfig, Config, EmbedConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.layout import CPU_POOL, GPU_POOL, build_stage, int8_stages, stage_layout
@@ -250,8 +251,8 @@ def test_cpu_classify_replicas_run_int8_where_they_are_a_spill_pool(
     cfg = Config().with_overrides({"embed.int8_dir": str(tmp_path), **overrides})
     layout = stage_layout(cfg)
     pools = {p.kind: p for p in layout["classify"]}
-    assert type(build_stage(cfg, pools[CPU_POOL])) is expected
+    assert type(build_stage(registry.chain(cfg), pools[CPU_POOL])) is expected
     if GPU_POOL in pools:  # GPU replicas always run the Keras head
-        assert type(build_stage(cfg, pools[GPU_POOL])) is Classifier
+        assert type(build_stage(registry.chain(cfg), pools[GPU_POOL])) is Classifier
     assert ("classify" in int8_stages(layout)) == (expected is Int8Classifier)
     assert all(p.precision == "fp32" for p in layout["sentencize"])  # no weights

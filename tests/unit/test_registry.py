@@ -23,7 +23,7 @@ def _cfg(*stages: str, **overrides: object):
 
 
 def test_the_default_chain_is_the_built_in_one() -> None:
-    assert registry.stage_names(load_config()) == BUILTIN
+    assert registry.chain(load_config()).names == BUILTIN
     assert [s.name for s in registry.check_config(load_config())] == BUILTIN
     # every built-in stage is declared once: its entry's name is its class's
     for spec in registry.BUILTIN:
@@ -40,7 +40,7 @@ def test_a_user_stage_by_module_path(user_package: Path) -> None:
     layout = stage_layout(cfg, ClusterShape.of(8, 1))
     assert [p.kind for p in layout["keywords"]] == [CPU_POOL]
     assert layout["keywords"][0].cpus == cfg.resources.sentencize.cpus
-    stage = build_stage(cfg, layout["keywords"][0])
+    stage = build_stage(registry.chain(cfg), layout["keywords"][0])
     stage.setup()
     out = stage(pa.table({"text": ["Shares fell, then fell again.", "Flat."]}))
     assert out["keyword_hits"].to_pylist() == [2, 0]
@@ -50,7 +50,7 @@ def test_a_user_stage_by_module_path(user_package: Path) -> None:
 
 def test_a_user_stage_between_built_in_ones_and_on_gpu_pools(user_package: Path) -> None:
     cfg = _cfg("sentencize", ENTRY, "embed", "classify", **{"resources.keywords.gpu_fraction": 0.1})
-    assert registry.stage_names(cfg) == ["sentencize", "keywords", "embed", "classify"]
+    assert registry.chain(cfg).names == ["sentencize", "keywords", "embed", "classify"]
     layout = stage_layout(cfg, ClusterShape.of(8, 1))
     kinds = {p.kind: p for p in layout["keywords"]}
     assert kinds[GPU_POOL].replicas == 1 and kinds[GPU_POOL].gpu_fraction == 0.1
@@ -60,7 +60,7 @@ def test_a_user_stage_between_built_in_ones_and_on_gpu_pools(user_package: Path)
 def test_a_user_stage_by_entry_point(user_package: Path) -> None:
     write_entry_point(user_package)
     cfg = _cfg(*BUILTIN, "keywords")
-    assert registry.stage_names(cfg) == [*BUILTIN, "keywords"]
+    assert registry.chain(cfg).names == [*BUILTIN, "keywords"]
 
 
 @pytest.mark.parametrize(
