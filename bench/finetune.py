@@ -162,7 +162,7 @@ def row(
     }
 
 
-HEAD_MIN = 1.0  # embedding the training file + fitting the head, on a quiet machine (README)
+HEAD_MIN = 1.0  # embedding the training file + fitting the head, quiet machine (docs/models.md)
 
 
 def est_minutes(r: dict[str, Any], speed: dict[str, Any]) -> float | None:

@@ -40,7 +40,8 @@ from finetune import shipped_mb  # noqa: E402
 TRAIN = REPO / "data" / "twitter_fin_sentiment" / "sent_train.csv"
 VALID = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
 NEWS = REPO / "data" / "twitter_fin_sentiment" / "sent_valid_newsstyle.csv"
-WRITTEN = REPO / "data" / "news_style_check" / "news_sentences.csv"  # see its SOURCE.md
+# written news sentences: how and by whom in data/news_style_check/SOURCE.md
+WRITTEN = REPO / "data" / "news_style_check" / "news_sentences.csv"
 LABELS = ["Bearish", "Bullish", "Neutral"]
 
 

@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def readme_stage() -> str:
-    """The example stage of README "Your own stage", as written there: the test runs the
-    documented code itself."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The example stage of docs/configuration.md, "Your own stage", as written there: the
+    test runs the documented code itself."""
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     section = text[text.index("### Your own stage") :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]

@@ -29,7 +29,7 @@ DIM = 384  # the MiniLM encoder's embedding size
 
 
 def _catalog(out: Path) -> Any:
-    """The embedded catalog, opened as a reader would (README, "Iceberg output")."""
+    """The embedded catalog, opened as a reader would (docs/output-formats.md)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     return SqlCatalog("docintel", uri=f"sqlite:///{out}/_catalog.db", warehouse=f"file://{out}")
@@ -70,7 +70,7 @@ def test_iceberg_contract_append_and_noop(
     tmp_path: Path, headlines: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inp, ids = _corpus(tmp_path, headlines, 12)
-    out = tmp_path / "out" / "wh"  # the README's reader opens out/wh
+    out = tmp_path / "out" / "wh"  # the docs' reader opens out/wh
     first = execute(run_config(**ICEBERG, **{"run.run_id": "r1"}), str(inp), str(out))
     assert first.documents == 12 and first.batches == 3
     tables = _exactly_once(out, ids)
@@ -99,12 +99,12 @@ def test_iceberg_contract_append_and_noop(
     assert not (out / "_runs" / "r1" / "staged").exists()  # nothing left behind
     assert not (out / "_manifest.json").exists()
 
-    # the README's reader (pyiceberg to Arrow, pandas and DuckDB), as written there
-    readme = (REPO / "README.md").read_text()
+    # the docs' reader (pyiceberg to Arrow, pandas and DuckDB), as written there
+    readme = (REPO / "docs" / "output-formats.md").read_text()
     snippet = readme.split("#### Iceberg output", 1)[1].split("```python\n", 1)[1]
     monkeypatch.chdir(tmp_path)
     scope: dict[str, Any] = {}
-    exec(snippet.split("```", 1)[0], scope)  # the README's own code
+    exec(snippet.split("```", 1)[0], scope)  # the docs' own code
     assert scope["docs"].num_rows == 12 and set(scope["sents"].label) <= {"Bearish"}
     assert scope["con"].execute("select count(*) from documents").fetchone() == (12,)
 
