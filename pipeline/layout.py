@@ -141,7 +141,7 @@ def _cpu_replicas(
     one does not fit or every max is reached. A stage whose CPU pool is its only pool gets
     at least one replica."""
     names = [s.name for s in specs]
-    heavy = {s.name for s in specs if s.heavy}
+    heavy = {s.name for s in specs if s.pool.heavy}
     pools = {s: cfg.resources.pool(s) for s in names}
     packer = _Packer(shape, cfg.resources.io_cpus)
     for s in names:  # GPU replicas first: they must sit on GPU nodes

@@ -4,9 +4,12 @@ A :class:`StageSpec` says everything the rest of docintel needs to know about a 
 
 * its class (a :class:`~docintel.pipeline.stages.Stage`: name, input and output columns;
   the chain check reads them before any model loads);
-* how its auto-sized CPU pool grows (``heavy``: one replica per round, the encoder; light
-  stages one every ``EMBED_REPLICAS_PER_LIGHT_REPLICA`` rounds) and whether its CPU replicas
-  can run an int8 copy when they are a spill pool;
+* a built-in stage's config section ``[<name>]`` (``section``: its settings model, declared
+  next to its code);
+* its pool defaults (``pool``: CPUs per replica, its share of a GPU among the chain's GPU
+  stages, and how its auto-sized CPU pool grows: ``heavy``, one replica per round, the
+  encoder; light stages one every ``EMBED_REPLICAS_PER_LIGHT_REPLICA`` rounds) and whether
+  its CPU replicas can run an int8 copy when they are a spill pool;
 * its **backends**: named builders of the stage object a pool's replicas hold, each with
   the derived artefacts it loads (fused fp32 ONNX graphs, int8 copies) and how to build
   them; ``choose`` picks the backend for a pool;
@@ -14,10 +17,12 @@ A :class:`StageSpec` says everything the rest of docintel needs to know about a 
   from it (the model version, the classifier's labels);
 * ``placeholder``: the columns a modelled GPU replica writes (benchmarks only).
 
-The pool settings live in ``[resources.<name>]`` and the stage's own settings in its
-config section (built-in stages) or in ``[stages.<name>]`` (user-defined stages: keyword
-arguments of the class). Everything else (layout, plan, actors, executor, sink, metrics)
-iterates :func:`chain`: no other module spells a stage's name.
+The config tree (pipeline/config.py) is assembled from :data:`BUILTIN`: each built-in
+stage's section and its ``[resources.<name>]`` pool with the declared defaults (GPU
+shares normalised over the built-in GPU stages: 0.25 + 0.5 + 0.25 of a card). User-defined
+stages' settings are ``[stages.<name>]`` (keyword arguments of the class). A run resolves
+its chain once (:func:`chain`, in the plan) and everything downstream (layout, actors,
+executor, sink, metrics) reads that :class:`Chain`: no other module spells a stage's name.
 
 User-defined stages join the chain through ``[pipeline] stages``: a ``module:Class`` path
 or the name of an entry point in the group ``docintel.stages``. Their class subclasses
@@ -37,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +54,6 @@ from docintel.pipeline.artefacts import (
     classifier_fp32_path,
     classifier_int8_path,
 )
-from docintel.pipeline.config import Config, EmbedConfig
 from docintel.pipeline.errors import ConfigError, ModelError
 from docintel.pipeline.schema import (
     DOC_ID,
@@ -71,9 +75,11 @@ from docintel.pipeline.schema import (
     USER,
     backend_label,
 )
+from docintel.pipeline.settings import Settings
 from docintel.pipeline.stages.base import Placement, Stage, cuda_available
 from docintel.pipeline.stages.classify import (
     Classifier,
+    ClassifyConfig,
     Int8Classifier,
     OnnxClassifier,
     check_head_encoder,
@@ -81,8 +87,12 @@ from docintel.pipeline.stages.classify import (
 )
 from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, embedding_dim
 from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
-from docintel.pipeline.stages.sentencize import Sentencizer, check_spacy_model
+from docintel.pipeline.stages.embed_settings import EmbedConfig
+from docintel.pipeline.stages.sentencize import SentencizeConfig, Sentencizer, check_spacy_model
 from docintel.pipeline.versions import fingerprint
+
+if TYPE_CHECKING:  # the config is assembled from the declarations below
+    from docintel.pipeline.config import Config
 
 
 class Pool(Protocol):
@@ -141,6 +151,34 @@ class StageFacts:
     labels: list[str] | None = None  # the classifier's label names (documents columns)
 
 
+# CPUs are logical Ray resources. Actors never take every CPU: read and write tasks need
+# a share or the run hangs (ray#44687). On 2 CPUs: 0.25 + 1.0 + 0.25 = 1.5 for actors,
+# 0.5 left for two concurrent I/O tasks.
+SENTENCIZE_CPUS = 0.25  # rule-based spaCy is ~100x cheaper than the encoder
+EMBED_CPUS = 1.0  # the encoder does almost all the arithmetic
+CLASSIFY_CPUS = 0.25  # one small MLP call per batch
+# Shares of one card: the built-in GPU stages share it in these proportions (normalised
+# over them: 0.25 + 0.5 + 0.25 = 1); the encoder gets half, it holds the most activations.
+SENTENCIZE_GPU = 0.25
+EMBED_GPU = 0.5
+CLASSIFY_GPU = 0.25
+
+
+@dataclass(frozen=True)
+class PoolDefaults:
+    """A stage's pool defaults (``[resources.<name>]`` overrides each): CPUs per CPU
+    replica, its share of one GPU, and how its auto-sized CPU pool grows."""
+
+    cpus: float
+    # Its share of one card among the chain's GPU stages: each GPU replica's default
+    # gpu_fraction is this over the sum of theirs (0 = no GPU replicas unless its
+    # [resources.<name>] table gives a gpu_fraction, as a user stage's).
+    gpu_share: float = 0.0
+    # CPU growth: one replica per round (the encoder), else one every
+    # EMBED_REPLICAS_PER_LIGHT_REPLICA rounds.
+    heavy: bool = False
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage, declared once (see the module docstring)."""
@@ -149,7 +187,9 @@ class StageSpec:
     cls: type[Stage]
     backends: Mapping[str, Backend]
     choose: Callable[[Config, Pool], str]
-    heavy: bool = False
+    pool: PoolDefaults = PoolDefaults(SENTENCIZE_CPUS)
+    # A built-in stage's config section ``[<name>]``: its settings model
+    section: type[Settings] | None = None
     int8: bool = False  # its CPU replicas can run an int8 copy (a spill pool)
     check: Callable[[Config], StageFacts] = lambda _cfg: StageFacts()
     placeholder: Callable[[Config], Callable[[pa.Table], dict[str, pa.Array]]] | None = None
@@ -311,6 +351,8 @@ SENTENCIZE = StageSpec(
     cls=Sentencizer,
     backends={SPACY: Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
     choose=lambda _cfg, _pool: SPACY,
+    pool=PoolDefaults(SENTENCIZE_CPUS, SENTENCIZE_GPU),
+    section=SentencizeConfig,
     check=_check_sentencize,
     placeholder=_sentencize_placeholder,
     has_weights=False,
@@ -331,7 +373,8 @@ EMBED = StageSpec(
         ),
     },
     choose=_choose_model_backend(TORCH, lambda cfg: cfg.embed.cpu_runtime),
-    heavy=True,
+    pool=PoolDefaults(EMBED_CPUS, EMBED_GPU, heavy=True),
+    section=EmbedConfig,
     int8=True,
     check=_check_embed,
     placeholder=_embed_placeholder,
@@ -356,35 +399,18 @@ CLASSIFY = StageSpec(
         ),
     },
     choose=_choose_model_backend(KERAS, lambda cfg: cfg.classify.cpu_runtime),
+    pool=PoolDefaults(CLASSIFY_CPUS, CLASSIFY_GPU),
+    section=ClassifyConfig,
     int8=True,
     check=_check_classify,
     placeholder=_classify_placeholder,
 )
 
+# The built-in stages, in chain order. A new one is its module (its Stage class, its
+# settings model and its StageSpec) plus one entry here: its config section [<name>], its
+# [resources.<name>] pool with the declared defaults, its share of a card and its
+# <name>_backend / <name>_model columns all follow from the declaration.
 BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, EMBED, CLASSIFY)
-
-
-@dataclass(frozen=True)
-class _QueryPool:
-    """Where `docintel search` embeds its queries: one fp32 CPU replica, on the driver."""
-
-    stage: str = EMBED.name
-    kind: str = "cpu"
-    replicas: int = 1
-    gpu_fraction: float = 0.0
-    precision: str = "fp32"
-
-
-def query_embedder(embed: EmbedConfig, key: str | None = None) -> tuple[str, Stage]:
-    """The embed stage as `docintel search` runs it for queries (config only), and its
-    backend key: what a run's fp32 CPU replicas run with these settings, as the stage's
-    declaration chooses it (``[embed] cpu_runtime``), or the backend ``key``."""
-    cfg = Config(embed=embed)
-    pool = _QueryPool()
-    key = key or EMBED.choose(cfg, pool)
-    return key, EMBED.backends[key].build(cfg, pool)
-
-
 BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
 
 

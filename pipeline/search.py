@@ -69,6 +69,28 @@ def recorded_encoder(manifest: dict[str, Any]) -> str | None:
     return str(reported).split("+", 1)[0] if reported else None
 
 
+@dataclass(frozen=True)
+class _QueryPool:
+    """Where queries are embedded: one fp32 CPU replica of the embed stage, here."""
+
+    stage: str
+    kind: str = "cpu"
+    replicas: int = 1
+    gpu_fraction: float = 0.0
+    precision: str = "fp32"
+
+
+def query_embedder(embed: EmbedConfig, key: str | None = None) -> tuple[str, Any]:
+    """The embed stage as queries are embedded (config only), and its backend key: what a
+    run's fp32 CPU replicas run with these settings, as the stage's registry declaration
+    chooses it (``[embed] cpu_runtime``), or the backend ``key``."""
+    from docintel.pipeline.registry import EMBED
+
+    cfg, pool = Config(embed=embed), _QueryPool(EMBED.name)
+    key = key or EMBED.choose(cfg, pool)
+    return key, EMBED.backends[key].build(cfg, pool)
+
+
 class QueryEncoder:
     """The run's encoder, loaded as the embed stage loads it, for queries."""
 
@@ -100,8 +122,6 @@ class QueryEncoder:
         return installed
 
     def _load(self) -> Any:
-        from docintel.pipeline.registry import query_embedder
-
         if self._stage is None:
             # what the run's fp32 CPU replicas run, as the registry chooses it ([embed]
             # cpu_runtime: the fused fp32 ONNX graph, exact to PyTorch, by default) when

@@ -45,9 +45,9 @@ from docintel.pipeline.artefacts import (
     install,
     write_whole,
 )
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.versions import fingerprint
 
 if TYPE_CHECKING:
@@ -473,8 +473,7 @@ def _embed_fp32_int8(
 
 def _classifiers_fp32_int8(classifier_dir: Path, artefact_dir: Path) -> tuple[Any, Any]:
     """The Keras classifier in ``classifier_dir`` and its int8 build in ``artefact_dir``."""
-    from docintel.pipeline.config import ClassifyConfig
-    from docintel.pipeline.stages.classify import Classifier, Int8Classifier
+    from docintel.pipeline.stages.classify import Classifier, ClassifyConfig, Int8Classifier
 
     clf_cfg = ClassifyConfig(model_dir=str(classifier_dir))
     clf = Classifier(clf_cfg)

@@ -34,11 +34,11 @@ from docintel.pipeline.artefacts import (
     METRICS_FILE,
     TRAINING_FILE,
 )
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.offline.metrics import metrics
 from docintel.pipeline.stages.classify import CALIBRATION_KEY, read_classifier_meta
 from docintel.pipeline.stages.embed import Embedder
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 
 if TYPE_CHECKING:
     from docintel.pipeline.offline.finetune import FineTuneParams, Monitor
@@ -520,9 +520,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Metrics of the classifier in ``model_dir`` on a labelled file, with the encoder of
     :func:`encoder_for_head`; a head trained on another encoder's embeddings is refused."""
-    from docintel.pipeline.config import ClassifyConfig
     from docintel.pipeline.offline.calibration import ece
-    from docintel.pipeline.stages.classify import Classifier, check_head_encoder
+    from docintel.pipeline.stages.classify import Classifier, ClassifyConfig, check_head_encoder
 
     texts, raw = load_labelled(data)
     embed_cfg = encoder_for_head(model_dir, embed_cfg)
@@ -550,9 +549,8 @@ def recalibrate(
     """Fit the temperature of an already trained head on its own hold-out (``data`` is the
     file it was trained on; the split is redrawn with its recorded seed) and store it in
     its training.json, as `docintel train` does for a new head; returns the record."""
-    from docintel.pipeline.config import ClassifyConfig
     from docintel.pipeline.offline.calibration import calibration_record
-    from docintel.pipeline.stages.classify import Classifier, check_head_encoder
+    from docintel.pipeline.stages.classify import Classifier, ClassifyConfig, check_head_encoder
 
     clf = Classifier(ClassifyConfig(model_dir=str(model_dir)))
     clf.setup()

@@ -10,10 +10,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field, field_validator
 
 from docintel.pipeline.artefacts import (
     CLASSIFIER_MODEL_FILE,
@@ -23,7 +24,6 @@ from docintel.pipeline.artefacts import (
     classifier_fp32_path,
     classifier_int8_path,
 )
-from docintel.pipeline.config import ClassifyConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import (
     EMBEDDING,
@@ -35,9 +35,45 @@ from docintel.pipeline.schema import (
     SCORE,
     backend_label,
 )
+from docintel.pipeline.settings import DEFAULT_MODEL_NAME, Settings, onnx_alias
 from docintel.pipeline.stages.base import Placement, Stage
 from docintel.pipeline.stages.onnx_session import onnx_session
 from docintel.pipeline.versions import fingerprint
+
+# "" means the head trained with the default encoder, docintel.models/finsent_ft;
+# "stock" = docintel.models/finsent, the head trained on the stock MiniLM (both trained on
+# the vendored finance sentiment data with `docintel train`).
+DEFAULT_CLASSIFIER_DIR = ""
+DEFAULT_CLASSIFY_BATCH = 1024  # rows per Keras call; a small MLP, so one call per batch
+
+
+class ClassifyConfig(Settings):
+    """The ``[classify]`` config section (the stage's registry declaration names it)."""
+
+    model_dir: str = DEFAULT_CLASSIFIER_DIR
+    batch_size: int = Field(DEFAULT_CLASSIFY_BATCH, ge=1)
+    # Runtime of fp32 CPU replicas, a backend key: "onnx-fp32" (or "onnx") = the Keras
+    # head's weights as an ONNX graph on ONNX Runtime (built once per head version into the
+    # cache; identical labels, and no TensorFlow import in the replica: ~4.5 CPU-s and
+    # ~0.6 GiB less per replica); "keras" = Keras on TensorFlow. GPU replicas always run
+    # Keras.
+    cpu_runtime: Literal["onnx-fp32", "keras"] = ONNX_FP32
+
+    _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
+
+    def resolved_model_dir(self) -> Path:
+        from docintel.pipeline.artefacts import (
+            BUNDLED_STOCK_CLASSIFIER_NAME,
+            STOCK,
+            bundled_classifier_dir,
+        )
+
+        if self.model_dir == STOCK:
+            return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
+        if self.model_dir and self.model_dir != DEFAULT_MODEL_NAME:
+            return Path(self.model_dir).expanduser()
+        return bundled_classifier_dir()
+
 
 CALIBRATION_KEY = "calibration"  # training.json: {"method": "temperature", "temperature": T}
 _EPS = 1e-12  # log(0) guard

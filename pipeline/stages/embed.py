@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.schema import EMBEDDING, N_TOKENS, TEXT, TRUNCATED
 from docintel.pipeline.stages.base import Placement, Stage, usable_cores
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.stages.encoder_folder import (
     adapter_base,
     check_encoder_dir,

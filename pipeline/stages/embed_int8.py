@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from docintel.pipeline.artefacts import FP32_MODEL_FILE, INT8_MODEL_FILE
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.stages.embed import Embedder
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.stages.encoder_frontend import EncoderFrontend, mean_pool_normalize
 
 # The shared front end under its former name (bench/quantize_embedder.py calibrates with it).

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 
 # Sentences per tokenizer call and forward-pass plan: bounds the token ids and padding held
 # at once (a batch of long documents can hold tens of thousands of sentences).

@@ -23,10 +23,10 @@ from docintel.pipeline.artefacts import (
     META_SOURCE_FINGERPRINT,
     RECIPE_FILE,
 )
-from docintel.pipeline.config import EmbedConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import ONNX_FP32, ONNX_INT8, TORCH, backend_label
 from docintel.pipeline.stages.base import Placement
+from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.stages.encoder_folder import check_encoder_dir, load_encoder
 from docintel.pipeline.stages.onnx_session import onnx_session
 from docintel.pipeline.versions import fingerprint

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
 
-from docintel.pipeline.config import SentencizeConfig
 from docintel.pipeline.errors import DocumentsRejected, ModelError
 from docintel.pipeline.schema import (
     DOC_ID,
@@ -21,7 +21,28 @@ from docintel.pipeline.schema import (
     TEXT,
     backend_label,
 )
+from docintel.pipeline.settings import Settings
 from docintel.pipeline.stages.base import Placement, Stage, cuda_available
+
+# spaCy's rule-based sentencizer on a blank English pipeline: no model download needed.
+DEFAULT_SPACY_MODEL = "blank:en"
+# spaCy refuses texts longer than nlp.max_length (1,000,000) and its memory grows with
+# text length; longer documents are cut at whitespace into chunks of at most this many
+# characters and sentencized chunk by chunk, offsets kept relative to the whole document.
+DEFAULT_CHUNK_CHARS = 100_000
+# A document that splits into more sentences than this becomes an error row (stage
+# sentencize, TooManySentences) instead of flooding one batch: 20,000 sentences is a
+# 500-page book; a 300,000-"sentence" document is a log dump or a table, not prose.
+DEFAULT_MAX_SENTENCES = 20_000
+
+
+class SentencizeConfig(Settings):
+    """The ``[sentencize]`` config section (the stage's registry declaration names it)."""
+
+    spacy_model: str = DEFAULT_SPACY_MODEL
+    chunk_chars: int = Field(DEFAULT_CHUNK_CHARS, ge=1_000)
+    max_sentences: int = Field(DEFAULT_MAX_SENTENCES, ge=1)  # per document; more: error row
+
 
 _SENT_COMPONENTS = ("parser", "senter", "sentencizer")
 _LAST_SPACE = re.compile(r"\s(?=\S*\Z)")

@@ -10,6 +10,7 @@ import pytest
 
 from docintel.pipeline import registry, schema
 from docintel.pipeline.config import ClassifyConfig, EmbedConfig, load_config
+from docintel.pipeline.search import query_embedder
 from docintel.pipeline.stages.encoder_runtimes import RUNTIMES
 
 
@@ -51,7 +52,7 @@ def test_row_labels_come_from_the_key(key: str, where: dict, label: str) -> None
 
 
 def test_search_embeds_queries_with_the_registrys_choice() -> None:
-    key, stage = registry.query_embedder(EmbedConfig())
+    key, stage = query_embedder(EmbedConfig())
     assert key == schema.ONNX_FP32 and stage.runtime_name == schema.ONNX_FP32
-    key, stage = registry.query_embedder(EmbedConfig(cpu_runtime="torch"))
+    key, stage = query_embedder(EmbedConfig(cpu_runtime="torch"))
     assert key == schema.TORCH and stage.runtime_name == schema.TORCH

@@ -40,9 +40,6 @@ import yaml
 
 from docintel.actors.resources import check_layout
 from docintel.pipeline.config import (
-    CLASSIFY_GPU,
-    EMBED_GPU,
-    SENTENCIZE_GPU,
     Config,
     FaultsConfig,
     load_config,
@@ -1134,7 +1131,9 @@ def test_cluster_configs_join_the_cluster_with_a_gpu_and_spill_layout(kind: str,
     uris = [job.input, job.output] if name == "job.toml" else [audit.source, audit.output]
     assert all(u.startswith("s3://") for u in uris), uris
     r = cfg.resources
-    defaults = {"sentencize": SENTENCIZE_GPU, "embed": EMBED_GPU, "classify": CLASSIFY_GPU}
+    defaults = {
+        s: Config().resources.pool(s).gpu_fraction for s in ("sentencize", "embed", "classify")
+    }
     for stage, fraction in defaults.items():
         pool = getattr(r, stage)
         assert pool.gpu_replicas == "auto" and pool.replicas == "auto", f"{stage}: auto pools"
