@@ -38,11 +38,10 @@ import importlib
 import importlib.metadata
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -75,8 +74,7 @@ from docintel.pipeline.schema import (
     USER,
     backend_label,
 )
-from docintel.pipeline.settings import Settings
-from docintel.pipeline.stages.base import Placement, Stage, cuda_available
+from docintel.pipeline.stages.base import Stage, cuda_available
 from docintel.pipeline.stages.classify import (
     Classifier,
     ClassifyConfig,
@@ -89,26 +87,19 @@ from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, embeddin
 from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.stages.sentencize import SentencizeConfig, Sentencizer, check_spacy_model
+from docintel.pipeline.stages.spec import (  # re-exported: the declaration's words
+    Artefact,
+    Backend,
+    Pool,
+    PoolDefaults,
+    StageFacts,
+    StageSpec,
+    placement,
+)
 from docintel.pipeline.versions import fingerprint
 
 if TYPE_CHECKING:  # the config is assembled from the declarations below
     from docintel.pipeline.config import Config
-
-
-class Pool(Protocol):
-    """What a backend builder reads of a pool (docintel.pipeline.layout.Pool): the
-    registry sits below the layout, which sizes pools from it."""
-
-    @property
-    def stage(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def replicas(self) -> int: ...
-    @property
-    def gpu_fraction(self) -> float: ...
-    @property
-    def precision(self) -> str: ...
 
 
 ENTRY_POINT_GROUP = "docintel.stages"
@@ -120,35 +111,6 @@ STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # Columns the sink needs at the end of the chain (the output contract's sentences table).
 SINK_COLUMNS = (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR, TEXT, EMBEDDING, N_TOKENS, TRUNCATED)
 SINK_COLUMNS += (LABEL, SCORE, PROBS)
-
-
-@dataclass(frozen=True)
-class Artefact:
-    """A model built from another one (a fused ONNX graph, an int8 copy) that a backend
-    loads: cached by the source model's version, built once on the driver if missing."""
-
-    what: str
-    path: Path
-    build: Callable[[], object]  # imports the frameworks it needs
-    int8: bool = False
-    stage: str = ""  # the stage whose replicas load it (set when a layout is read)
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One way to run a stage: the stage object a pool's replicas hold, and the derived
-    artefacts it loads."""
-
-    build: Callable[[Config, Pool], Stage]
-    artefacts: Callable[[Config], list[Artefact]] = lambda _cfg: []
-
-
-@dataclass(frozen=True)
-class StageFacts:
-    """What the driver learns when it checks a stage's model before any work."""
-
-    version: str | None = None  # the model's version, where the driver can know it
-    labels: list[str] | None = None  # the classifier's label names (documents columns)
 
 
 # CPUs are logical Ray resources. Actors never take every CPU: read and write tasks need
@@ -164,55 +126,7 @@ EMBED_GPU = 0.5
 CLASSIFY_GPU = 0.25
 
 
-@dataclass(frozen=True)
-class PoolDefaults:
-    """A stage's pool defaults (``[resources.<name>]`` overrides each): CPUs per CPU
-    replica, its share of one GPU, and how its auto-sized CPU pool grows."""
-
-    cpus: float
-    # Its share of one card among the chain's GPU stages: each GPU replica's default
-    # gpu_fraction is this over the sum of theirs (0 = no GPU replicas unless its
-    # [resources.<name>] table gives a gpu_fraction, as a user stage's).
-    gpu_share: float = 0.0
-    # CPU growth: one replica per round (the encoder), else one every
-    # EMBED_REPLICAS_PER_LIGHT_REPLICA rounds.
-    heavy: bool = False
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """One stage, declared once (see the module docstring)."""
-
-    name: str
-    cls: type[Stage]
-    backends: Mapping[str, Backend]
-    choose: Callable[[Config, Pool], str]
-    pool: PoolDefaults = PoolDefaults(SENTENCIZE_CPUS)
-    # A built-in stage's config section ``[<name>]``: its settings model
-    section: type[Settings] | None = None
-    int8: bool = False  # its CPU replicas can run an int8 copy (a spill pool)
-    check: Callable[[Config], StageFacts] = lambda _cfg: StageFacts()
-    placeholder: Callable[[Config], Callable[[pa.Table], dict[str, pa.Array]]] | None = None
-    # Runs model weights (a rule-based stage does not: its modelled replicas stand in only
-    # with [faults] gpu_model_rule_based, to take its CPU cost out of a benchmark).
-    has_weights: bool = True
-    builtin: bool = True
-    settings: Mapping[str, Any] = field(default_factory=dict)  # [stages.<name>]
-
-    @property
-    def input_columns(self) -> tuple[str, ...]:
-        return tuple(self.cls.input_columns)
-
-    @property
-    def output_columns(self) -> tuple[str, ...]:
-        return tuple(self.cls.output_columns)
-
-
 # --- the built-in stages -----------------------------------------------------------------
-
-
-def _placement(pool: Pool) -> Placement:
-    return Placement(pool.kind, pool.gpu_fraction)
 
 
 def _choose_model_backend(
@@ -349,7 +263,7 @@ def _classify_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Arra
 SENTENCIZE = StageSpec(
     name=Sentencizer.name,
     cls=Sentencizer,
-    backends={SPACY: Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, _placement(pool)))},
+    backends={SPACY: Backend(lambda cfg, pool: Sentencizer(cfg.sentencize, placement(pool)))},
     choose=lambda _cfg, _pool: SPACY,
     pool=PoolDefaults(SENTENCIZE_CPUS, SENTENCIZE_GPU),
     section=SentencizeConfig,
@@ -362,7 +276,7 @@ EMBED = StageSpec(
     name=Embedder.name,
     cls=Embedder,
     backends={
-        TORCH: Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, _placement(p))),
+        TORCH: Backend(lambda cfg, p: Embedder(cfg.embed, p.replicas, placement(p))),
         ONNX_FP32: Backend(
             lambda cfg, p: OnnxEmbedder(cfg.embed, cfg.embed.resolved_int8_dir(), p.replicas),
             _encoder_artefact("fused fp32 ONNX encoder", FP32_MODEL_FILE, "fp32"),
@@ -384,7 +298,7 @@ CLASSIFY = StageSpec(
     name=Classifier.name,
     cls=Classifier,
     backends={
-        KERAS: Backend(lambda cfg, p: Classifier(cfg.classify, CLASSIFY_THREADS, _placement(p))),
+        KERAS: Backend(lambda cfg, p: Classifier(cfg.classify, CLASSIFY_THREADS, placement(p))),
         ONNX_FP32: Backend(
             lambda cfg, _p: OnnxClassifier(
                 cfg.classify, cfg.embed.resolved_int8_dir(), CLASSIFY_THREADS
