@@ -49,7 +49,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from docintel.pipeline import formats
+from docintel.pipeline import formats, registry
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS, SECRET_PROPERTY_WORDS, Config
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
@@ -612,9 +612,9 @@ class RunOutput:
 # PYICEBERG_CATALOG__DOCINTEL__* variables); [stages.<name>] settings whose names look like
 # secrets are redacted.
 RECORDED_SECTIONS = (
-    "input", "run", "pipeline", "sentencize", "embed", "classify", "resources", "storage",
-    "job", "audit", "faults",
-)  # fmt: skip
+    "input", "run", "pipeline", *registry.BUILTIN_NAMES, "resources", "storage", "job",
+    "audit", "faults",
+)  # fmt: skip (the built-in stages' sections hold model names and plain settings)
 RECORDED_OUTPUT = ("format", "namespace", "catalog_type", "catalog_uri")
 RECORDED_CATALOG_PROPERTIES = (
     "warehouse", "s3.region", "s3.endpoint", "s3.path-style-access", "client.region",

@@ -98,7 +98,7 @@ def test_half_built_index_is_never_used(fake: Path, tmp_path: Path) -> None:
     """A build that died before its pointer was written leaves a folder nobody reads;
     the next build removes it."""
     out = shutil.copytree(fake, tmp_path / "out")
-    (out / "_index" / "deadbeef.lance").mkdir(parents=True)
+    (out / "_index" / "00000000deadbeef.lance").mkdir(parents=True)  # as build_index names
     source = SentencesSource.open(str(out))
     index, note = ann_index.find(source)
     assert index is None and "no index" in note
