@@ -1,7 +1,10 @@
-"""Helpers shared by the benchmarks: the demo corpus, process-tree RSS sampling, reporting.
+"""Helpers shared by the benchmarks: the demo corpus, process-tree sampling (RSS and CPU
+seconds: the one sampler of the benchmarks), reporting.
 
-Imported by ``bench/pipeline_vs_loop.py`` and ``bench/memory_scaling.py`` (run as scripts
-from the repository root, so ``bench/`` is on ``sys.path``).
+Imported as ``common`` by scripts that run from the repository root with ``bench/`` on
+``sys.path`` (``bench/pipeline_vs_loop.py``, ``bench/memory_scaling.py``), and as
+``bench.common`` by those that put the repository root there (``bench/spill.py``,
+``bench/simcluster.py``...).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +87,13 @@ class TreePeak:
     # with ``detail``: every process at the peak sample, and every sample
     at_peak: TreeSample | None = None
     timeline: list[TreeSample] = field(default_factory=list)
+    # with ``cpu``: (pid, create time) -> the process's latest CPU seconds
+    cpu_by_process: dict[tuple[int, float], float] = field(default_factory=dict)
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of every process sampled, each at its latest reading."""
+        return sum(self.cpu_by_process.values())
 
 
 def process_label(proc: psutil.Process, root_pid: int) -> str:
@@ -118,18 +129,73 @@ def _status_split(pid: int) -> dict[str, int]:
     return out
 
 
+def process_tree(pid: int, *, include_root: bool = True) -> list[psutil.Process]:
+    """``pid`` and all its living descendants (without ``pid`` itself unless
+    ``include_root``); empty when ``pid`` has exited. The one walk of a process tree the
+    benchmarks use."""
+    try:
+        root = psutil.Process(pid)
+        children = root.children(recursive=True)
+    except psutil.Error:
+        return []
+    return [root, *children] if include_root else children
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU seconds ``proc`` has used so far (psutil.Error once it is gone)."""
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its living descendants, now."""
+    total = 0.0
+    for proc in process_tree(pid):
+        try:
+            total += cpu_seconds(proc)
+        except psutil.Error:
+            continue
+    return total
+
+
+def tree_rss_mb(pids: Iterable[int]) -> tuple[float, int]:
+    """Summed RSS (MiB) and process count of the given processes and their descendants."""
+    seen: dict[int, int] = {}
+    for pid in pids:
+        for proc in process_tree(pid):
+            try:
+                seen[proc.pid] = proc.memory_info().rss
+            except psutil.Error:
+                continue
+    return sum(seen.values()) / MIB, len(seen)
+
+
 class TreeSampler(threading.Thread):
     """Samples the summed RSS of ``pid`` and all its descendants every ``interval`` s.
 
+    With ``cpu``, also reads each process's CPU seconds: ``peak.cpu_s`` sums every process
+    seen, at its last reading (a process loses at most its last interval before it exits).
     With ``detail``, also labels each process (:func:`process_label`), splits its RSS
     (:data:`STATUS_FIELDS`), reads its CPU time and keeps every sample in ``peak.timeline``.
+    ``include_root=False`` samples the descendants only (``pid`` = this process: everything
+    it started). :meth:`stop` takes one last sample.
     """
 
-    def __init__(self, pid: int, interval: float, detail: bool = False) -> None:
+    def __init__(
+        self,
+        pid: int,
+        interval: float,
+        detail: bool = False,
+        *,
+        cpu: bool = False,
+        include_root: bool = True,
+    ) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.interval = interval
         self.detail = detail
+        self.cpu = cpu or detail
+        self.include_root = include_root
         self.peak = TreePeak()
         self._stop_event = threading.Event()
         self._t0 = time.perf_counter()
@@ -143,14 +209,13 @@ class TreeSampler(threading.Thread):
     def stop(self) -> TreePeak:
         self._stop_event.set()
         self.join()
+        self._sample()
         return self.peak
 
     def _sample(self) -> None:
         t, wall = time.perf_counter() - self._t0, time.time()
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        procs = process_tree(self.pid, include_root=self.include_root)
+        if not procs:
             return
         by_name: Counter[str] = Counter()
         samples: list[ProcSample] = []
@@ -158,29 +223,38 @@ class TreeSampler(threading.Thread):
         for proc in procs:
             try:
                 rss = proc.memory_info().rss
+                cpu = self._read_cpu(proc) if self.cpu else 0.0
                 if self.detail:
                     label = process_label(proc, self.pid)
-                    cpu = proc.cpu_times()
                     split = _status_split(proc.pid)
-                    samples.append(
-                        ProcSample(proc.pid, label, rss, cpu_s=cpu.user + cpu.system, **split)
-                    )
+                    samples.append(ProcSample(proc.pid, label, rss, cpu_s=cpu, **split))
                 by_name[proc.name()] += rss
                 n += 1
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue  # exited between listing and reading: it holds nothing now
+        self._record(TreeSample(t, wall, samples), by_name, n)
+
+    def _read_cpu(self, proc: psutil.Process) -> float:
+        """``proc``'s CPU seconds now, kept as its latest reading in ``peak.cpu_by_process``."""
+        cpu = cpu_seconds(proc)
+        key = (proc.pid, proc.create_time())
+        seen = self.peak.cpu_by_process
+        seen[key] = max(seen.get(key, 0.0), cpu)
+        return cpu
+
+    def _record(self, sample: TreeSample, by_name: Counter[str], n: int) -> None:
+        """Count one sample of ``n`` processes into ``peak``."""
         total = sum(by_name.values())
         peak = self.peak
         peak.samples += 1
-        sample = TreeSample(t, wall, samples) if self.detail else None
-        if sample is not None:
+        if self.detail:
             peak.timeline.append(sample)
         peak.max_processes = max(peak.max_processes, n)
         if total > peak.rss_bytes:
             peak.rss_bytes = total
             peak.processes_at_peak = n
             peak.by_name_at_peak = dict(by_name)
-            peak.at_peak = sample
+            peak.at_peak = sample if self.detail else None
 
 
 @dataclass

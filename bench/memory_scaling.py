@@ -179,18 +179,6 @@ def _self_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def tree_cpu_s(timeline: list[TreeSample]) -> float:
-    """CPU seconds of every process seen in the tree: its last sampled CPU time.
-
-    A process that exits loses at most one sampling interval of CPU time here.
-    """
-    last: dict[int, float] = {}
-    for s in timeline:
-        for p in s.procs:
-            last[p.pid] = max(last.get(p.pid, 0.0), p.cpu_s)
-    return sum(last.values())
-
-
 def window_cpu_s(timeline: list[TreeSample], start: float, end: float) -> float:
     """CPU seconds the tree used between sampler times ``start`` and ``end``."""
     before: dict[int, float] = {}
@@ -221,7 +209,7 @@ def run_corpus(corpus: Corpus, work: Path, interval: float) -> Run:
     window = processing_window(out, timings["processing_seconds"], timeline)
     cpu = CpuUse(
         machine_s=busy,
-        run_s=tree_cpu_s(timeline),
+        run_s=measured.peak.cpu_s,
         processing_s=window_cpu_s(timeline, *window),
         sampler_s=sampler,
         available_s=(os.cpu_count() or 1) * measured.wall_s,

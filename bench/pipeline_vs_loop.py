@@ -70,7 +70,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +89,7 @@ from common import (
     SAMPLE_INTERVAL_S,
     TEXT,
     Measured,
+    TreeSampler,
     build_corpus,
     docintel_executable,
     machine_lines,
@@ -550,37 +550,6 @@ def foreign_pct(before: Any, after: Any, own_cpu_s: float, wall_s: float) -> flo
     return 100.0 * foreign / (wall_s * (psutil.cpu_count() or 1)) if wall_s > 0 else 0.0
 
 
-class TreeCpu(threading.Thread):
-    """CPU seconds (user + system) of every descendant of this process, by sampling.
-
-    A process's last < CPU_WATCH_S before it exits is missed; the caller takes the larger
-    of this and RUSAGE_CHILDREN (exact for reaped children)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.cpu: dict[tuple[int, float], float] = {}
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(CPU_WATCH_S):
-            self._sample()
-
-    def _sample(self) -> None:
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                t = proc.cpu_times()
-                key = (proc.pid, proc.create_time())
-                self.cpu[key] = max(self.cpu.get(key, 0.0), t.user + t.system)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue
-
-    def stop(self) -> float:
-        self._sample()
-        self._stop_event.set()
-        self.join()
-        return sum(self.cpu.values())
-
-
 def wait_idle(max_wait_s: float) -> Contention:
     """Wait (up to ``max_wait_s``) until the machine is quiet: system-wide CPU busy below
     IDLE_BUSY_PCT in IDLE_SAMPLES consecutive 1 s samples. Others' jobs on a shared
@@ -611,10 +580,13 @@ def measure(args: argparse.Namespace, command: list[str], log: Path) -> tuple[Me
     contention.load1 = os.getloadavg()[0]
     cpu0 = psutil.cpu_times()
     rus0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    watch = TreeCpu()
+    # every process this script starts (the run's tree); a process's last < CPU_WATCH_S
+    # before it exits is missed, so the larger of this and RUSAGE_CHILDREN (exact for
+    # reaped children) counts
+    watch = TreeSampler(os.getpid(), CPU_WATCH_S, cpu=True, include_root=False)
     watch.start()
     measured = run_measured(command, log, args.interval)
-    sampled = watch.stop()
+    sampled = watch.stop().cpu_s
     rus1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu1 = psutil.cpu_times()
     reaped = (rus1.ru_utime - rus0.ru_utime) + (rus1.ru_stime - rus0.ru_stime)

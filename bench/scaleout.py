@@ -50,14 +50,15 @@ import ray
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import load_average, machine_lines, repeated_demo  # noqa: E402
-from bench.simcluster import (  # noqa: E402
-    SimCluster,
-    affinity,
+from bench.common import (  # noqa: E402
+    cpu_seconds,
+    load_average,
+    machine_lines,
+    repeated_demo,
     tree_cpu_s,
     tree_rss_mb,
-    warm_io_workers,
 )
+from bench.simcluster import SimCluster, affinity, warm_io_workers  # noqa: E402
 from docintel.actors.cluster import actor_name  # noqa: E402 - after the sys.path line
 from docintel.actors.runner import execute  # noqa: E402
 from docintel.pipeline.config import Config, load_config  # noqa: E402
@@ -215,8 +216,7 @@ def _measure(sim: SimCluster, n: int, args: argparse.Namespace, folder: Path) ->
     def node_cpu() -> dict[str, float]:
         gpu = sum(tree_cpu_s(x.raylet_pid) for x in sim.nodes if x.role.startswith("gpu"))
         cpu = sum(tree_cpu_s(x.raylet_pid) for x in sim.nodes if x.role == "cpu")
-        t = driver.cpu_times()
-        return {"gpu nodes": gpu, "cpu node": cpu, "driver": t.user + t.system}
+        return {"gpu nodes": gpu, "cpu node": cpu, "driver": cpu_seconds(driver)}
 
     def on_start(_total: int, _done: int) -> None:
         for stage in STAGES:

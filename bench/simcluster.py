@@ -21,7 +21,6 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import psutil
 import ray
 from ray.cluster_utils import Cluster
 
+from bench.common import process_tree
 from docintel.actors.cluster import WORKER_ENV
 
 MIB = 2**20
@@ -145,40 +145,6 @@ def affinity(pid: int) -> list[int]:
         return []
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its living descendants."""
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
-
-
-def tree_rss_mb(pids: Iterable[int]) -> tuple[float, int]:
-    """Summed RSS (MiB) and process count of the given processes and their descendants."""
-    seen: dict[int, int] = {}
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for p in procs:
-            try:
-                seen[p.pid] = p.memory_info().rss
-            except psutil.Error:
-                continue
-    return sum(seen.values()) / MIB, len(seen)
-
-
 class NodeWatch(threading.Thread):
     """Samples, per node, the titles of its Ray worker processes and their CPU affinity.
 
@@ -198,11 +164,7 @@ class NodeWatch(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             for n in self.sim.nodes:
-                try:
-                    workers = psutil.Process(n.raylet_pid).children(recursive=True)
-                except psutil.Error:
-                    continue
-                for w in workers:
+                for w in process_tree(n.raylet_pid, include_root=False):
                     try:
                         title = (w.cmdline() or [""])[0].split()[0] if w.cmdline() else ""
                         if not title.startswith("ray::"):

@@ -71,14 +71,8 @@ import ray
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import load_average, machine_lines  # noqa: E402
-from bench.simcluster import (  # noqa: E402
-    NodeWatch,
-    SimCluster,
-    affinity,
-    tree_cpu_s,
-    warm_io_workers,
-)
+from bench.common import cpu_seconds, load_average, machine_lines, tree_cpu_s  # noqa: E402
+from bench.simcluster import NodeWatch, SimCluster, affinity, warm_io_workers  # noqa: E402
 from docintel.actors.cluster import actor_name  # noqa: E402 - after the sys.path line
 from docintel.actors.runner import execute  # noqa: E402
 from docintel.pipeline.config import Config, load_config  # noqa: E402
@@ -214,8 +208,7 @@ def measure(sim: SimCluster, name: str, rnd: int, cfg: Config, inp: Path, out: P
 
     def node_cpu() -> dict[str, float]:
         got = {n.role: tree_cpu_s(n.raylet_pid) for n in sim.nodes if n.role != "head"}
-        t = driver.cpu_times()
-        got["driver"] = t.user + t.system
+        got["driver"] = cpu_seconds(driver)
         return got
 
     def on_start(_total: int, _done: int) -> None:
@@ -224,7 +217,7 @@ def measure(sim: SimCluster, name: str, rnd: int, cfg: Config, inp: Path, out: P
                 key = f"{stage}/{kind}/0"
                 pid = ray.get(ray.get_actor(actor_name(run_id, key)).ready.remote())["pid"]
                 proc = psutil.Process(pid)
-                procs[key] = (proc, sum(proc.cpu_times()[:2]))
+                procs[key] = (proc, cpu_seconds(proc))
                 placed[key] = (sim.role_of(pid), affinity(pid), pid)
         marks["t0"], marks["nodes0"] = time.perf_counter(), node_cpu()
 
@@ -232,7 +225,7 @@ def measure(sim: SimCluster, name: str, rnd: int, cfg: Config, inp: Path, out: P
         finished.append((time.perf_counter(), stats.backends.get("embed", "")))
         for key, (proc, _) in procs.items():
             try:
-                last[key] = sum(proc.cpu_times()[:2])
+                last[key] = cpu_seconds(proc)
             except psutil.Error:  # a restarted actor: keep its last reading
                 continue
         marks["t1"], marks["nodes1"] = time.perf_counter(), node_cpu()
