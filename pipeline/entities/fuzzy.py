@@ -27,7 +27,7 @@ from rapidfuzz import fuzz, process
 
 from docintel.pipeline.entities.compiled import CODE_WIDTH, UNKNOWN, CompiledLists
 
-MIN_WORD_CHARS = 4  # shorter words are matched exactly only ("the", "and", "ag")
+MIN_WORD_CHARS = 5  # shorter words are matched exactly only ("said", "the", "gmbh")
 CACHE_WORDS = 200_000  # neighbour lists kept per process; the cache is emptied when full
 MAX_PREFIXES = 64  # trie prefixes followed per window start (bounds a pathological sentence)
 

@@ -119,6 +119,9 @@ def sentence_words(text: str) -> Words:
 def name_forms(name: str) -> list[tuple[str, ...]]:
     """The word sequences under which a listed name is indexed: as a sentence reads it, with
     runs of single letters joined and apart, and in German transliteration (umlauts)."""
+    plain = tuple(fold(m.group()) for m in WORD.finditer(name))
+    if not any(len(w) == 1 for w in plain) and not any(ch in name for ch in "äöüÄÖÜ\u0308"):
+        return [plain] if plain else []  # the usual case: one form
     forms: list[tuple[str, ...]] = []
     spellings = [name]
     folded = unicodedata.normalize("NFC", name).casefold()
