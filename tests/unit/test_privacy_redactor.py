@@ -171,3 +171,22 @@ def test_random_documents_map_back_exactly() -> None:
         assert back == chosen
         assert not any(value in redacted for value in chosen)
         assert isinstance(offsets, OffsetMap)
+
+
+def test_noise_never_breaks_the_redactor() -> None:
+    """Seeded noise of digits, separators, '@', ':', '+' and non-ASCII digits: no exception,
+    every span is its placeholder, and the text around placeholders maps back unchanged."""
+    rng = random.Random(7)
+    chars = "0123456789 -.:+()@/abcXYZ_\n\uff14\u0661\u0663\U0001d7d7\u00e9"  # non-ASCII 4 1 3 9 é
+    redactor = Redactor(None, {"TAG": r"X[YZ]+"})
+    for _ in range(2000):
+        text = "".join(rng.choice(chars) for _ in range(rng.randint(0, 60)))
+        redacted, spans, offsets = redactor.redact_mapped(text)
+        inside = set()
+        for span in spans:
+            assert redacted[span["start"] : span["end"]] == f"<{span['type']}>"
+            inside.update(range(span["start"], span["end"]))
+        for pos, char in enumerate(redacted):
+            if pos not in inside:
+                assert text[offsets.to_original(pos)] == char
+        assert offsets.to_original(len(redacted)) == len(text)
