@@ -47,6 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from docintel.pipeline import formats, registry
@@ -54,6 +55,7 @@ from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS, SECRET_PROPERTY_WO
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.lease import Lease
 from docintel.pipeline.plan import Plan
+from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
 from docintel.pipeline.sink import (
     BatchStats,
     Existing,
@@ -547,6 +549,12 @@ class RunOutput:
         summary.backends = {s: dict(c) for s, c in self.served.items()}
         self.lease.renew()  # the manifest goes out under a claim that is fresh and ours
         self.lease.check()
+        if not self.plan.n_documents:
+            self.sink.write_empty(empty_schemas(self.plan))
+            summary.warnings.append(
+                f"{self.plan.input_uri} holds 0 documents: {self.uri} has empty documents, "
+                "sentences and errors tables"
+            )
         try:
             self.sink.commit(self._manifest(summary, models))
         except OSError as e:  # a full disk, lost access: exit 1, and the run resumes
@@ -605,6 +613,20 @@ class RunOutput:
         }
 
 
+def empty_schemas(p: Plan) -> dict[str, pa.Schema]:
+    """The contract's schemas of a run's tables before any batch: the labels, the chain's
+    backend and model columns, and the embeddings' size as the embedding stage's check
+    says (user stages' own sentence columns come only with rows)."""
+    chain = registry.resolve(p.cfg, p.chain)
+    dims = [f.embedding_dim for spec in chain for f in [spec.check(p.cfg)] if f.embedding_dim]
+    dim = dims[0] if dims and p.cfg.run.embeddings else None
+    return {
+        "documents": documents_schema(list(p.labels)),
+        "sentences": sentences_schema(dim, list(p.stages)),
+        "errors": ERRORS_SCHEMA,
+    }
+
+
 # What of the config a manifest records: an allow-list, so a key that may hold a secret is
 # left out unless it is known not to. Sections of plain settings are recorded whole (their
 # URL fields refuse userinfo and query strings at load); [output] only the keys below, and of
@@ -612,8 +634,15 @@ class RunOutput:
 # PYICEBERG_CATALOG__DOCINTEL__* variables); [stages.<name>] settings whose names look like
 # secrets are redacted.
 RECORDED_SECTIONS = (
-    "input", "run", "pipeline", *registry.BUILTIN_NAMES, "resources", "storage", "job",
-    "audit", "faults",
+    "input",
+    "run",
+    "pipeline",
+    *registry.BUILTIN_NAMES,
+    "resources",
+    "storage",
+    "job",
+    "audit",
+    "faults",
 )  # fmt: skip (the built-in stages' sections hold model names and plain settings)
 RECORDED_OUTPUT = ("format", "namespace", "catalog_type", "catalog_uri")
 RECORDED_CATALOG_PROPERTIES = (

@@ -188,7 +188,7 @@ def _check_sentencize(cfg: Config) -> StageFacts:
 def _check_embed(cfg: Config) -> StageFacts:
     path = cfg.embed.resolved_model_path()
     check_encoder_dir(path)
-    return StageFacts(version=fingerprint(path))
+    return StageFacts(version=fingerprint(path), embedding_dim=embedding_dim(path))
 
 
 def _check_classify(cfg: Config) -> StageFacts:

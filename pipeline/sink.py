@@ -301,6 +301,11 @@ class RunSink(ABC):
         small files) on ``task_map``; what it did, for the manifest's ``parts``."""
 
     @abstractmethod
+    def write_empty(self, schemas: dict[str, pa.Schema]) -> None:
+        """A run of 0 documents: leave each table readable and empty, with ``schemas``
+        (the contract's), so readers of the output find the tables they expect."""
+
+    @abstractmethod
     def table_files(self) -> dict[str, dict[str, int]]:
         """Files and bytes per table as the output holds them now (for the manifest)."""
 

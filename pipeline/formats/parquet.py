@@ -92,6 +92,7 @@ MERGED = "merged-"  # part-merged-<group>.parquet
 STATS_KEY = b"docintel.batch_stats"
 BATCHES_KEY = b"docintel.merged_batches"
 MERGE_ORDER = ("errors", "sentences", "documents")  # documents last: the commit point
+EMPTY = f"{MERGED}empty"  # the parts of a run of 0 documents (no batch id looks like it)
 
 
 def part_path(root: str, table: str, key: str) -> str:
@@ -353,6 +354,15 @@ class ParquetPartsSink(RunSink):
         members = [part_path(self.root, t, b) for t in TABLES for b in group.batch_ids]
         delete_parts(self.fs, members)
         return len(members)
+
+    def write_empty(self, schemas: dict[str, pa.Schema]) -> None:
+        """One empty part per table, named as a merged group of no batch (documents last,
+        its footer listing no batch): a resume settles it as any merged group."""
+        for table in MERGE_ORDER:
+            empty = schemas[table].empty_table()
+            if table == "documents":
+                empty = empty.replace_schema_metadata({BATCHES_KEY: b"[]"})
+            atomic_write(self.fs, part_path(self.root, table, EMPTY), empty)
 
     def table_files(self) -> dict[str, dict[str, int]]:
         out = {}

@@ -73,6 +73,7 @@ class StageFacts:
 
     version: str | None = None  # the model's version, where the driver can know it
     labels: list[str] | None = None  # the classifier's label names (documents columns)
+    embedding_dim: int | None = None  # the size of the embeddings it writes, if any
 
 
 @dataclass(frozen=True)
