@@ -11,7 +11,7 @@ data/twitter_fin_sentiment/*.csv (~14,000).
   holds: the RSS a fresh process adds by unpickling the compiled lists.
 * ``throughput``: ``Matcher.find`` over every sentence, one core, after one warm-up pass
   (the fuzzy cache filled by the first pass: a run's steady state).
-* ``precision/recall``: the labelled test set of ``synthetic.test_set`` (listed names in
+* ``precision/recall``: the labelled test set of ``synthetic.labelled_cases`` (listed names in
   every variant, decoys) and ``synthetic.typos`` (one letter changed: fuzzy positives).
 
     .venv/bin/python bench/entities.py                         # 1e3, 1e5, 1e6
@@ -35,7 +35,7 @@ import psutil
 
 from docintel.pipeline.entities import Matcher, WatchList, compile_watch_lists
 from docintel.pipeline.entities.compiled import CompiledLists
-from docintel.pipeline.entities.synthetic import Case, names, test_set, typos
+from docintel.pipeline.entities.synthetic import Case, labelled_cases, names, typos
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = [
@@ -129,7 +129,7 @@ def pr_table(listed: int, sims: list[float | None]) -> list[str]:
         "pr", "-", [r[0] for r in rows], [r[1] for r in rows], [()] * listed, [""] * listed
     )
     compiled = compile_watch_lists([wl])
-    cases, typo_cases = test_set(rows), typos(rows)
+    cases, typo_cases = labelled_cases(rows), typos(rows)
     kinds = sorted({c.kind for c in cases + typo_cases})
     head = "| kind | cases | " + " | ".join(
         "exact: TP/FP/FN" if s is None else f"{s}: TP/FP/FN" for s in sims

@@ -4,10 +4,11 @@
 a sentence with every name:
 
 1. Each word of the sentence (of at least ``MIN_WORD_CHARS`` letters) is compared with the
-   distinct words of the lists of a compatible length only (rapidfuzz ``process.extract``,
-   C++, with a score cutoff), and its neighbours, listed words at least ``word_cutoff``
-   similar, are cached: news text repeats its words, so most sentences cost dictionary
-   look-ups (``CACHE_WORDS`` words kept per process).
+   distinct listed words of a compatible length that share its first or its last letter
+   (rapidfuzz ``process.extract``, C++, with a score cutoff; ``Gaddafi`` finds ``Qaddafi``
+   by its last letter), and its neighbours, listed words at least ``word_cutoff`` similar,
+   are cached: news text repeats its words, so most sentences cost dictionary look-ups
+   (``CACHE_WORDS`` words kept per process).
 2. Windows of the sentence are then spelled with each word's own code or a neighbour's,
    and walked down the automaton's trie (``Automaton.match`` prunes a prefix no name
    starts with), so only names that every word of the window nearly spells are reached.
@@ -17,8 +18,9 @@ a sentence with every name:
 
 A word's cutoff is looser than the name's (``word_cutoff``), since one word of a long name
 may be further off ("Poutine" for "Putin": 0.83) while the whole name still passes.
-Not found: a name whose words are joined or split differently (``CocaCola``), or a word of
-under ``MIN_WORD_CHARS`` letters spelled differently (those words must be exact).
+Not found: a name whose words are joined or split differently (``CocaCola``), a word of
+under ``MIN_WORD_CHARS`` letters spelled differently (those words must be exact), a word
+whose first and last letters both differ from the listed word's.
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ class FuzzyIndex:
         self.min_similarity = min_similarity
         self.cutoff = word_cutoff(min_similarity) * 100
         self.word_of: dict[str, str] = {code: word for word, code in compiled.codes.items()}
-        self.by_length: dict[int, tuple[list[str], list[str]]] = {}
+        # (length, first letter) and (length, -1, last letter) -> listed words, their codes
+        self.buckets: dict[tuple, tuple[list[str], list[str]]] = {}
         for word, code in compiled.codes.items():
-            words, codes = self.by_length.setdefault(len(word), ([], []))
-            words.append(word)
-            codes.append(code)
+            for bucket in ((len(word), word[0]), (len(word), -1, word[-1])):
+                words, codes = self.buckets.setdefault(bucket, ([], []))
+                words.append(word)
+                codes.append(code)
         self.cache: dict[str, list[str]] = {}
 
     def neighbours(self, word: str) -> list[str]:
@@ -60,20 +64,21 @@ class FuzzyIndex:
         found = self.cache.get(word)
         if found is not None:
             return found
-        found = []
+        found: dict[str, None] = {}
         if len(word) >= MIN_WORD_CHARS:
             s = self.cutoff / 100
             low, high = int(len(word) * s / (2 - s)), int(len(word) * (2 - s) / s) + 1
             for length in range(max(low, 1), high + 1):
-                words, codes = self.by_length.get(length, ((), ()))
-                hits = process.extract(
-                    word, words, scorer=fuzz.ratio, score_cutoff=self.cutoff, limit=None
-                )
-                found += [codes[i] for w, _, i in hits if w != word]
+                for bucket in ((length, word[0]), (length, -1, word[-1])):
+                    words, codes = self.buckets.get(bucket, ((), ()))
+                    hits = process.extract(
+                        word, words, scorer=fuzz.ratio, score_cutoff=self.cutoff, limit=None
+                    )
+                    found.update((codes[i], None) for w, _, i in hits if w != word)
         if len(self.cache) >= CACHE_WORDS:
             self.cache.clear()
-        self.cache[word] = found
-        return found
+        self.cache[word] = out = list(found)
+        return out
 
     def hits(self, words: list[str], codes: list[str]) -> list[Hit]:
         """Near misses in a sentence (made with at least one neighbour word)."""

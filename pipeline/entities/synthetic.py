@@ -4,7 +4,7 @@ Used by ``bench/entities.py`` (throughput, compile cost, precision and recall) a
 tests (a 10^5-name list). Names are made of pronounceable syllables, some with accented
 letters; companies carry corporate suffixes, a few a leading "The".
 
-The test set (``test_set``) hides listed names in news-like sentences, in the variants the
+The test set (``labelled_cases``) hides listed names in news-like sentences, in the variants the
 matching rules must see through (case, accents stripped, German transliteration, suffix
 added, dropped or changed, leading "The", possessive, hyphens and odd whitespace), among
 decoys that must not match: similar but different names (a word changed, two letters
@@ -108,10 +108,15 @@ class Case:
     kind: str  # the variant or decoy it tests
 
 
-def test_set(listed: list[tuple[str, str, str]], seed: int = 7) -> list[Case]:
-    """Sentences naming listed entities in every variant, and decoys, shuffled."""
+def labelled_cases(
+    listed: list[tuple[str, str, str]],
+    seed: int = 7,
+    whole_list: list[tuple[str, str, str]] | None = None,
+) -> list[Case]:
+    """Sentences naming ``listed`` entities in every variant, and decoys, shuffled; no
+    decoy names an entity of ``whole_list`` (the list ``listed`` is a sample of)."""
     rng = random.Random(seed)
-    taken = {_core(n) for _, n, _ in listed}
+    taken = {_core(n) for _, n, _ in whole_list or listed}
     cases: list[Case] = []
     for entity_id, name, _ in listed:
         for kind, mention, matched in variants(name, rng):
