@@ -77,9 +77,16 @@ def _parquet_records(path: Path) -> Iterator[Record]:
     table = pq.read_table(path)
     _check_columns(path, table.column_names, "the schema")
     wanted = [c for c in (*REQUIRED, "aliases", "type") if c in table.column_names]
-    columns = {c: table.column(c).cast(pa.string()).to_pylist() for c in wanted}
+    columns = {c: _strings(table.column(c)) for c in wanted}
     for i in range(table.num_rows):
         yield f"row index {i}", {c: columns[c][i] or "" for c in wanted}
+
+
+def _strings(column: pa.ChunkedArray) -> list[str | None]:
+    """A column as strings; a list column (aliases as list<string>) joined by '|'."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return [None if v is None else ALIAS_SEP.join(map(str, v)) for v in column.to_pylist()]
+    return column.cast(pa.string()).to_pylist()
 
 
 def _check_columns(path: Path, columns: list[str], where: str) -> None:

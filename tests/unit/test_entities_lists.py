@@ -77,6 +77,16 @@ def test_parquet_read(tmp_path: Path) -> None:
     assert [(m.entity_id, m.list) for m in matches] == [("11", "sanctions"), ("10", "sanctions")]
 
 
+def test_parquet_aliases_as_a_list_column(tmp_path: Path) -> None:
+    path = tmp_path / "pep.parquet"
+    aliases = pa.array([["Hans Mueller", "H. Müller"], None], pa.list_(pa.string()))
+    pq.write_table(
+        pa.table({"entity_id": ["P1", "P2"], "name": ["Hans Müller", "Acme"], "aliases": aliases}),
+        path,
+    )
+    assert load_list(path).aliases == [("Hans Mueller", "H. Müller"), ()]
+
+
 def test_missing_column_refused(tmp_path: Path) -> None:
     path = write(tmp_path, "id,name\nP1,Acme\n")
     error = refused(path, "line 1", "missing column(s) entity_id", "found: id, name")
