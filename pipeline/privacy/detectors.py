@@ -1,13 +1,15 @@
 """The built-in detectors: a cheap candidate regex per type, then a validator on each candidate.
 
-Each detector is ``find(text) -> list[(start, end)]`` of validated values in ``text``. The
-candidate regexes are written to run in a few microseconds on a sentence that holds nothing
-(most sentences); the validators (phonenumbers, python-stdnum, :mod:`ipaddress`) run only on
-what a regex found. A candidate that fails validation but runs on into the next number
+Each detector is ``find(text) -> list[(start, end)]`` of validated values in ``text``. A
+hint that every value of the type must contain (a character test, or a short regex that
+starts with a character class, which the regex engine scans for fast) gates the candidate
+regex, so a sentence that holds nothing (most sentences) costs a few microseconds. The
+validators (phonenumbers, python-stdnum, :mod:`ipaddress`) run only on what a candidate
+regex found. A candidate that fails validation but runs on into the next number
 ("+44 20 7946 0958 2025") is cut back at its group boundaries, longest first, until one
 prefix validates (:func:`_longest_valid`).
 
-What each type finds, and what it leaves (docs of the ``redact`` stage name the same):
+What each type finds, and what it leaves:
 
 - ``EMAIL_ADDRESS``: ``local@domain.tld``, the TLD alphabetic (2-24 letters); no look-up of
   the public-suffix list (nothing is downloaded).
@@ -20,9 +22,9 @@ What each type finds, and what it leaves (docs of the ``redact`` stage name the 
 - ``CREDIT_CARD``: 13-19 digits, compact or grouped 4-4-4-4(-3) / 4-6-4(5) by one kind of
   separator, Luhn-valid, and with a known brand prefix and length (Visa, Mastercard, Amex,
   Discover, Diners, JCB, UnionPay, Maestro, Mir).
-- ``IBAN_CODE``: compact or in groups of four, upper case; the country's length and
-  structure and the ISO 7064 mod-97 check digits (python-stdnum's IBAN registry). A
-  country's own account-number check (``check_country``) is not required.
+- ``IBAN_CODE``: compact or in groups of four (spaces or dashes), any case; the country's
+  length and structure and the ISO 7064 mod-97 check digits (python-stdnum's IBAN
+  registry). A country's own account-number check (``check_country``) is not required.
 - ``US_SSN``: ``AAA-GG-SSSS`` with one kind of separator (``-``, space, ``.``), or nine
   digits right after "SSN" / "social security number"; python-stdnum's rules (no area 000,
   666 or 9xx, no group 00, no serial 0000, not the known advertised numbers).
@@ -59,6 +61,7 @@ def find_emails(text: str) -> list[Span]:
 # ---------------------------------------------------------------------------- IP_ADDRESS
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\d|\.\d)")
+_IPV4_HINT = re.compile(r"\d\.\d{1,3}\.\d{1,3}\.\d")
 _IPV6 = re.compile(
     r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4}|:)?(?::[0-9A-Fa-f]{0,4}){2,8}"
     r"(?:\.\d{1,3}){0,3}(?![\w:])"
@@ -79,7 +82,7 @@ def _ipv6_ok(candidate: str) -> bool:
 
 
 def find_ips(text: str) -> list[Span]:
-    found = [m.span() for m in _IPV4.finditer(text)] if "." in text else []
+    found = [m.span() for m in _IPV4.finditer(text)] if _IPV4_HINT.search(text) else []
     if text.count(":") < 2:
         return found
     for m in _IPV6.finditer(text):
@@ -121,8 +124,10 @@ def _longest_valid(
 # ---------------------------------------------------------------------------- PHONE_NUMBER
 _PHONE_INTL = re.compile(r"(?<![\w+])(?:\(\+\d{1,3}\)[ .-]?|\+|\b00(?=[1-9]))\d[\d()\-. /]{4,24}\d")
 _PHONE_NANP = re.compile(
-    r"(?<![\w.+-])(?:\+?1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w]|[-.]\d)"
+    r"(?<![\w+])(?<!\d[.-])(?:\+?1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+    r"(?![\w]|[-.]\d)"
 )
+_PHONE_NANP_HINT = re.compile(r"\d{3}[ .-]\d{4}")
 _PHONE_PART = "0123456789)"
 
 
@@ -153,16 +158,18 @@ def find_phones(text: str) -> list[Span]:
             cuts = _cut_points(m.group(), lambda c: c in _PHONE_PART)
             if length := _longest_valid(m.group(), cuts, _intl_valid):
                 found.append((m.start(), m.start() + length))
-    found.extend(m.span() for m in _PHONE_NANP.finditer(text) if _nanp_valid(m.group()))
+    if _PHONE_NANP_HINT.search(text):
+        found.extend(m.span() for m in _PHONE_NANP.finditer(text) if _nanp_valid(m.group()))
     return found
 
 
 # ---------------------------------------------------------------------------- CREDIT_CARD
 _CARD = re.compile(
-    r"(?<![\d-])(?:\d{13,19}"
+    r"(?<!\d)(?<!\d[.-])(?:\d{13,19}"
     r"|\d{4}(?P<a>[ -])\d{4}(?P=a)\d{4}(?P=a)\d{4}(?:(?P=a)\d{3})?"
     r"|\d{4}(?P<b>[ -])\d{6}(?P=b)\d{4,5})(?!\d|-\d)"
 )
+_CARD_HINT = re.compile(r"\d{4}[ -]?\d{4}")
 # (issuer prefixes, lengths) of the card brands
 _BRANDS: tuple[tuple[tuple[str, ...], frozenset[int]], ...] = (
     (("4",), frozenset({13, 16, 19})),  # Visa
@@ -190,6 +197,8 @@ def _card_valid(digits: str) -> bool:
 
 def find_cards(text: str) -> list[Span]:
     found: list[Span] = []
+    if not _CARD_HINT.search(text):
+        return found
     for m in _CARD.finditer(text):
         if _card_valid(m.group().replace(" ", "").replace("-", "")):
             found.append(m.span())
@@ -198,17 +207,22 @@ def find_cards(text: str) -> list[Span]:
 
 # ---------------------------------------------------------------------------- IBAN_CODE
 _IBAN = re.compile(
-    r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]{4}){2,8}(?:[ ]?[A-Z0-9]{1,3})?(?![A-Za-z0-9])"
+    r"(?<![A-Za-z0-9])[A-Za-z]{2}\d{2}(?:[ -]?[A-Za-z0-9]{4}){2,8}(?:[ -]?[A-Za-z0-9]{1,3})?"
+    r"(?![A-Za-z0-9])"
 )
+
+_IBAN_HINT = re.compile(r"\d\d[ -]?[A-Za-z0-9]{4}[ -]?[A-Za-z0-9]{4}")
 
 
 def _iban_valid(candidate: str) -> bool:
-    compact = candidate.replace(" ", "")
+    compact = candidate.replace(" ", "").replace("-", "").upper()
     return len(compact) >= 15 and stdnum_iban.is_valid(compact, check_country=False)
 
 
 def find_ibans(text: str) -> list[Span]:
     found: list[Span] = []
+    if not _IBAN_HINT.search(text):
+        return found
     for m in _IBAN.finditer(text):
         cuts = _cut_points(m.group(), str.isalnum)
         if length := _longest_valid(m.group(), cuts, _iban_valid):
@@ -217,7 +231,9 @@ def find_ibans(text: str) -> list[Span]:
 
 
 # ---------------------------------------------------------------------------- US_SSN
-_SSN = re.compile(r"(?<![\d-])\d{3}(?P<s>[- .])\d{2}(?P=s)\d{4}(?!\d|[-.]\d)")
+_SSN = re.compile(r"(?<!\d)(?<!\d[-.])\d{3}(?P<s>[- .])\d{2}(?P=s)\d{4}(?!\d|[-.]\d)")
+_SSN_HINT = re.compile(r"\d{3}[- .]\d{2}[- .]\d{4}")
+_NINE_DIGITS = re.compile(r"\d{9}")
 _SSN_CONTEXT = re.compile(
     r"(?i:\b(?:SSN|social security (?:number|no|#)))[\s#:.]{0,4}(?:is\s+)?(\d{9})(?!\d)"
 )
@@ -228,9 +244,10 @@ def _ssn_valid(candidate: str) -> bool:
 
 
 def find_ssns(text: str) -> list[Span]:
-    found = [m.span() for m in _SSN.finditer(text) if _ssn_valid(m.group())]
-    lowered = text.lower()
-    if "ssn" in lowered or "social security" in lowered:
+    found: list[Span] = []
+    if _SSN_HINT.search(text):
+        found.extend(m.span() for m in _SSN.finditer(text) if _ssn_valid(m.group()))
+    if _NINE_DIGITS.search(text):
         found.extend(m.span(1) for m in _SSN_CONTEXT.finditer(text) if stdnum_ssn.is_valid(m[1]))
     return found
 

@@ -64,6 +64,8 @@ FOUND = {
         "ES91 2100 0418 4502 0005 1332",
         "IT60 X054 2811 1010 0000 0123 456",
         "NO93 8601 1117 947",
+        "DE89-3704-0044-0532-0130-00",
+        "de89 3704 0044 0532 0130 00",
     ],
     "US_SSN": ["123-45-6789", "536 22 1234", "536.22.1234"],
     "IP_ADDRESS": [
@@ -153,6 +155,17 @@ def test_numbers_of_the_news_are_not_flagged(text: str) -> None:
 def test_a_value_running_into_the_next_number_is_cut_back() -> None:
     text = "call +44 20 7946 0958 2 times; IBAN BE68 5390 0754 7034 CODE"
     assert REDACTOR.redact(text)[0] == "call <PHONE_NUMBER> 2 times; IBAN <IBAN_CODE> CODE"
+    text = "ref PAY-DE89370400440532013000-7 and BE68 5390 0754 7034-X"
+    assert REDACTOR.redact(text)[0] == "ref PAY-<IBAN_CODE>-7 and <IBAN_CODE>-X"
+
+
+def test_a_value_glued_to_a_word_by_a_dash_is_found() -> None:
+    text = "ref-4111 1111 1111 1111, id-123-45-6789, tel-212-555-0147, ip-10.1.2.3"
+    assert REDACTOR.redact(text)[0] == (
+        "ref-<CREDIT_CARD>, id-<US_SSN>, tel-<PHONE_NUMBER>, ip-<IP_ADDRESS>"
+    )
+    # but not a part of a longer chain of numbers
+    assert REDACTOR.redact("code 7-4111 1111 1111 1111 and 1.123-45-6789")[1] == []
 
 
 def test_only_the_enabled_types_are_replaced() -> None:
