@@ -1,0 +1,169 @@
+"""PDF files with pypdfium2 (PDFium, the engine of Chromium's viewer): the text layer
+of each page, as positioned lines, turned into text by :mod:`.layout`; pages without a
+text layer are read by OCR (:mod:`.ocr`) when asked, else refused (NoTextLayer)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pypdfium2 as pdfium
+
+from docintel.pipeline.parse import layout
+from docintel.pipeline.parse.errors import (
+    CorruptFile,
+    NoTextLayer,
+    PasswordProtected,
+    TooManyPages,
+    TruncatedFile,
+)
+from docintel.pipeline.parse.layout import Line, Page
+from docintel.pipeline.parse.model import PDF, ParsedDocument, ParseLimits
+
+# A complete PDF ends with %%EOF; some producers append a few bytes after it (a newline,
+# padding), so it is looked for in the last 2 KiB.
+EOF_WINDOW = 2048
+_FPDF_ERR_PASSWORD = 4  # PDFium's FPDF_ERR_PASSWORD
+_LINE_BREAKS = "\r\n"
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ufffe\uffff]")
+_SPACES = re.compile(r"\s+")
+OCR_HINT = (
+    "set `ocr = true` in the [parse] section of the config and install Tesseract "
+    "(Debian/Ubuntu: apt-get install tesseract-ocr)"
+)
+
+
+@contextmanager
+def open_pdf(name: str, data: bytes) -> Iterator[pdfium.PdfDocument]:
+    """The document, closed on exit; typed errors for encrypted, truncated or bad bytes."""
+    if b"%%EOF" not in data[-EOF_WINDOW:]:
+        raise TruncatedFile(
+            name,
+            "the PDF ends without its %%EOF marker: the file is truncated",
+            "fetch or copy it again (an interrupted download or copy cuts PDFs short)",
+        )
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        if e.err_code == _FPDF_ERR_PASSWORD:
+            raise PasswordProtected(
+                name,
+                "the PDF is password-protected (encrypted)",
+                "decrypt it first (e.g. `qpdf --decrypt --password=... in.pdf out.pdf`)",
+            ) from None
+        raise CorruptFile(
+            name, f"not a readable PDF ({e})", "check the file or re-export it"
+        ) from None
+    try:
+        yield pdf
+    finally:
+        pdf.close()
+
+
+def page_lines(page: pdfium.PdfPage) -> list[Line]:
+    """The page's text layer as lines in content order, each with its box."""
+    textpage = page.get_textpage()
+    try:
+        text = textpage.get_text_range()
+        boxes = _char_boxes(textpage, text)
+    finally:
+        textpage.close()
+    lines: list[Line] = []
+    start = 0
+    for i, char in enumerate(text + "\n"):
+        if char in _LINE_BREAKS or char in layout.SOFT_HYPHEN_MARKERS:
+            _add_line(lines, text[start:i], boxes[start:i], hyphen=char not in _LINE_BREAKS)
+            start = i + 1
+    return lines
+
+
+def _char_boxes(textpage: pdfium.PdfTextPage, text: str) -> list[tuple[float, ...] | None]:
+    """Each character's box (left, bottom, right, top), None for spaces and line breaks
+    (or for all when PDFium's characters and its text disagree, as with surrogates)."""
+    if textpage.count_chars() != len(text):
+        return [None] * len(text)
+    return [None if c.isspace() else textpage.get_charbox(i) for i, c in enumerate(text)]
+
+
+def _add_line(lines: list[Line], text: str, boxes: list, hyphen: bool) -> None:
+    clean = _SPACES.sub(" ", _CONTROL.sub("", text)).strip()
+    if not clean:
+        return
+    known = [b for b in boxes if b is not None]
+    if not known:  # no geometry: stack it under the previous line
+        prev = lines[-1] if lines else Line("", 0, 1000, 0, 1000)
+        known = [(prev.left, prev.bottom - 12, prev.right, prev.bottom - 2)]
+    lines.append(
+        Line(
+            clean,
+            left=min(b[0] for b in known),
+            bottom=min(b[1] for b in known),
+            right=max(b[2] for b in known),
+            top=max(b[3] for b in known),
+            hyphen=hyphen,
+        )
+    )
+
+
+def read_pages(name: str, pdf: pdfium.PdfDocument) -> list[Page]:
+    """Every page's lines and height."""
+    pages = []
+    for number in range(len(pdf)):
+        try:
+            page = pdf[number]
+        except pdfium.PdfiumError as e:
+            raise CorruptFile(
+                name, f"page {number + 1} cannot be read ({e})", "re-export the PDF"
+            ) from None
+        try:
+            pages.append(Page(page_lines(page), page.get_height()))
+        finally:
+            page.close()
+    return pages
+
+
+def parse_pdf(name: str, data: bytes, limits: ParseLimits) -> ParsedDocument:
+    """A PDF as one document with its page map and metadata title."""
+    notes: list[str] = []
+    with open_pdf(name, data) as pdf:
+        n_pages = len(pdf)
+        if n_pages > limits.max_pages:
+            raise TooManyPages(
+                name,
+                f"{n_pages:,} pages, over the {limits.max_pages:,}-page limit",
+                "split it, or raise `max_pages` in the [parse] section of the config",
+            )
+        pages = read_pages(name, pdf)
+        blank = [i for i, p in enumerate(pages) if not p.lines]
+        if blank and limits.ocr:
+            from docintel.pipeline.parse import ocr
+
+            for i in blank:
+                pages[i] = ocr.ocr_page(name, pdf, i)
+            notes.append(f"{name}: OCR read {len(blank)} page(s) without a text layer")
+        elif blank:
+            _no_text_layer(name, blank, n_pages, notes)
+        title = _title(pdf)
+    keep = layout.hyphenated_words(pages)
+    text, spans = layout.assemble([layout.page_text(p, keep) for p in layout.drop_running(pages)])
+    return ParsedDocument(
+        "", text, PDF, pages=spans, title=title, n_pages=n_pages, notes=tuple(notes)
+    )
+
+
+def _no_text_layer(name: str, blank: list[int], n_pages: int, notes: list[str]) -> None:
+    if len(blank) == n_pages:
+        raise NoTextLayer(
+            name, "the PDF has no text layer (a scan, or pages of images only)", OCR_HINT
+        )
+    listed = ", ".join(str(i + 1) for i in blank[:20]) + (" ..." if len(blank) > 20 else "")
+    notes.append(f"{name}: page(s) {listed} have no text layer and were left empty; {OCR_HINT}")
+
+
+def _title(pdf: pdfium.PdfDocument) -> str | None:
+    try:
+        title = pdf.get_metadata_value("Title")
+    except pdfium.PdfiumError:
+        return None
+    return _SPACES.sub(" ", title).strip() or None
