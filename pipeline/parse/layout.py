@@ -8,9 +8,10 @@ producer wrote them), never re-sorted by position, which would interleave column
 - Running headers and footers: a line in the top or bottom MARGIN_ZONE of its page whose
   text, digits masked, recurs there on several pages (see :func:`repeats_needed`) is
   dropped, so are page numbers ("3", "Page 3 of 9", "- iv -").
-- Paragraphs: a new one starts where the gap to the previous line exceeds PARAGRAPH_GAP
-  line heights, where the text jumps up or sideways (a new column or block), and after a
-  short line ending a sentence (paragraphs set without spacing).
+- Paragraphs: a new one starts where the gap to the previous line exceeds the page's
+  usual gap by PARAGRAPH_GAP line heights, where the text jumps up or sideways (a new
+  column or block), and after a short line ending a sentence (paragraphs set without
+  spacing).
 - Lines of a paragraph are joined with a space; a word hyphenated at a line end is
   rejoined ("finan-" + "cial" -> "financial") unless the document writes it hyphenated
   elsewhere ("well-known" stays). Paragraphs are separated by a blank line.
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 
 # Top and bottom share of a page where running headers, footers and page numbers live.
 MARGIN_ZONE = 0.12
-# A vertical gap above a line larger than this many (median) line heights starts a new
-# paragraph: lines of a paragraph are ~0.2 heights apart, paragraphs ~1 height or more.
-PARAGRAPH_GAP = 0.7
+# A vertical gap above a line wider than the page's usual gap between lines (the median:
+# most lines follow a line of their own paragraph) by more than this many line heights
+# starts a new paragraph. Paragraph spacing is 0.5-1 line or more (Word's 6-8 pt after an
+# 11 pt line, a browser's 1em margin); with none, the short-line rule below applies.
+PARAGRAPH_GAP = 0.35
 # A line shorter than this share of the page's usual line width that ends a sentence
 # ends its paragraph (for paragraphs set with no space between them).
 SHORT_LINE = 0.75
@@ -111,23 +114,26 @@ def paragraphs(page: Page) -> list[list[Line]]:
     if not lines:
         return []
     height = statistics.median(ln.height for ln in lines) or 1.0
+    gaps = [a.bottom - b.top for a, b in itertools.pairwise(lines) if b.top <= a.top]
+    usual_gap = statistics.median(gaps) if gaps else 0.0
     widths = sorted(ln.right - ln.left for ln in lines)
     usual_width = widths[int(0.9 * (len(widths) - 1))]
     out = [[lines[0]]]
     for prev, cur in itertools.pairwise(lines):
-        if _starts_paragraph(prev, cur, height, usual_width):
+        if _starts_paragraph(prev, cur, (height, usual_gap + PARAGRAPH_GAP * height, usual_width)):
             out.append([cur])
         else:
             out[-1].append(cur)
     return out
 
 
-def _starts_paragraph(prev: Line, cur: Line, height: float, usual_width: float) -> bool:
+def _starts_paragraph(prev: Line, cur: Line, usual: tuple[float, float, float]) -> bool:
+    height, max_gap, usual_width = usual
     if abs(cur.bottom - prev.bottom) < 0.5 * height and cur.left >= prev.right - 1:
         return False  # the same visual line, cut in two by a wide space
     if cur.top > prev.top + 0.5 * height:  # the text jumps up: a new column or block,
         return not _runs_on(prev.text, cur.text)  # unless a sentence runs on into it
-    if prev.bottom - cur.top > PARAGRAPH_GAP * height:
+    if prev.bottom - cur.top > max_gap:
         return True
     short = prev.right - prev.left < SHORT_LINE * usual_width
     return short and not prev.hyphen and bool(_TERMINAL.search(prev.text))

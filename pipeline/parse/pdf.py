@@ -66,44 +66,51 @@ def page_lines(page: pdfium.PdfPage) -> list[Line]:
     textpage = page.get_textpage()
     try:
         text = textpage.get_text_range()
-        boxes = _char_boxes(textpage, text)
+        exact = textpage.count_chars() == len(text)  # not so with surrogate pairs
+        lines: list[Line] = []
+        start = 0
+        for i, char in enumerate(text + "\n"):
+            if char in _LINE_BREAKS or char in layout.SOFT_HYPHEN_MARKERS:
+                box = _line_box(textpage, text, start, i) if exact else None
+                _add_line(lines, text[start:i], box, hyphen=char not in _LINE_BREAKS)
+                start = i + 1
     finally:
         textpage.close()
-    lines: list[Line] = []
-    start = 0
-    for i, char in enumerate(text + "\n"):
-        if char in _LINE_BREAKS or char in layout.SOFT_HYPHEN_MARKERS:
-            _add_line(lines, text[start:i], boxes[start:i], hyphen=char not in _LINE_BREAKS)
-            start = i + 1
     return lines
 
 
-def _char_boxes(textpage: pdfium.PdfTextPage, text: str) -> list[tuple[float, ...] | None]:
-    """Each character's box (left, bottom, right, top), None for spaces and line breaks
-    (or for all when PDFium's characters and its text disagree, as with surrogates)."""
-    if textpage.count_chars() != len(text):
-        return [None] * len(text)
-    return [None if c.isspace() else textpage.get_charbox(i) for i, c in enumerate(text)]
+def _line_box(
+    textpage: pdfium.PdfTextPage, text: str, start: int, end: int
+) -> tuple[float, float, float, float] | None:
+    """The box (left, bottom, right, top) of characters ``start:end``, from the loose
+    boxes (the font's full ascent to descent, the same for every character of a font) of
+    its first, middle and last visible characters: three calls instead of one per
+    character, which would cost more than all the rest of the parse."""
+    visible = [i for i in (start, (start + end) // 2, end - 1) if start <= i < end]
+    visible = [i for i in visible if not text[i].isspace()] or [
+        i for i in range(start, end) if not text[i].isspace()
+    ][:1]
+    if not visible:
+        return None
+    boxes = [textpage.get_charbox(i, loose=True) for i in visible]
+    return (
+        min(b[0] for b in boxes),
+        min(b[1] for b in boxes),
+        max(b[2] for b in boxes),
+        max(b[3] for b in boxes),
+    )
 
 
-def _add_line(lines: list[Line], text: str, boxes: list, hyphen: bool) -> None:
+def _add_line(
+    lines: list[Line], text: str, box: tuple[float, float, float, float] | None, hyphen: bool
+) -> None:
     clean = _SPACES.sub(" ", _CONTROL.sub("", text)).strip()
     if not clean:
         return
-    known = [b for b in boxes if b is not None]
-    if not known:  # no geometry: stack it under the previous line
+    if box is None:  # no geometry: stack it under the previous line
         prev = lines[-1] if lines else Line("", 0, 1000, 0, 1000)
-        known = [(prev.left, prev.bottom - 12, prev.right, prev.bottom - 2)]
-    lines.append(
-        Line(
-            clean,
-            left=min(b[0] for b in known),
-            bottom=min(b[1] for b in known),
-            right=max(b[2] for b in known),
-            top=max(b[3] for b in known),
-            hyphen=hyphen,
-        )
-    )
+        box = (prev.left, prev.bottom - 12, prev.right, prev.bottom - 2)
+    lines.append(Line(clean, *box, hyphen=hyphen))
 
 
 def read_pages(name: str, pdf: pdfium.PdfDocument) -> list[Page]:
