@@ -46,6 +46,19 @@ class SentencizeConfig(Settings):
 
 _SENT_COMPONENTS = ("parser", "senter", "sentencizer")
 _LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
+# A blank line (two line breaks with only spaces or tabs between) ends a paragraph, and no
+# sentence spans one: a headline and the first sentence, two paragraphs, a heading and its
+# text (the parse stage writes a blank line after each) are never one sentence.
+_PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n\s*")
+# Inside a sentence, a line break and the blanks around it (wrapped text, PDF lines) are
+# one space in the stored text; start_char/end_char still index the document's text.
+_LINE_BREAK = re.compile(r"[^\S\n]*\r?\n\s*")
+# spaCy's rule-based sentencizer ends a sentence after its final punctuation and the
+# opening quote of the next one ('... fell. "We'); a quote after a blank at a sentence's
+# end opens the next sentence, and one before a blank at a sentence's start closes the
+# previous one ('"' and curly quotes; straight single quotes are apostrophes too).
+_OPENING_AT_END = re.compile(r"\s([\"\u201c\u2018\u00ab]+)\Z")  # ", curly, guillemet
+_CLOSING_AT_START = re.compile(r"\A([\"\u201d\u2019\u00bb]+)(?=\s|\Z)")  # their closing forms
 
 SENTENCES_SCHEMA = pa.schema(
     [
@@ -70,6 +83,39 @@ def chunk_spans(text: str, limit: int) -> list[tuple[int, int]]:
         start = cut
     spans.append((start, len(text)))
     return spans
+
+
+def paragraph_spans(text: str) -> list[tuple[int, int]]:
+    """The paragraphs of ``text`` (cut at blank lines), blank ones left out."""
+    spans, start = [], 0
+    for m in _PARAGRAPH_BREAK.finditer(text):
+        spans.append((start, m.start()))
+        start = m.end()
+    spans.append((start, len(text)))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+def joined(text: str) -> str:
+    """A sentence as stored: its line breaks (and the blanks around them) one space."""
+    return _LINE_BREAK.sub(" ", text) if "\n" in text else text
+
+
+def mend_quotes(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sentence spans of one paragraph with each quote where it belongs: an opening quote
+    that ended a sentence starts the next one, a closing quote that started one ends the
+    previous one. Spans stay stripped, ordered and non-empty."""
+    out = list(spans)
+    for k in range(len(out) - 1):
+        (a, b), (c, d) = out[k], out[k + 1]
+        m = _OPENING_AT_END.search(text, a, b)
+        if m and m.start(1) > a:
+            out[k], out[k + 1] = (a, len(text[a : m.start(1)].rstrip()) + a), (m.start(1), d)
+            continue
+        m = _CLOSING_AT_START.match(text, c, d)
+        if m and m.end(1) < d:
+            rest = c + len(text[c:d]) - len(text[m.end(1) : d].lstrip())
+            out[k], out[k + 1] = (a, m.end(1)), (rest, d)
+    return [(a, b) for a, b in out if b > a]
 
 
 def load_spacy(name: str) -> Any:
@@ -161,31 +207,20 @@ class Sentencizer(Stage):
     def __call__(self, table: pa.Table) -> pa.Table:
         doc_ids = table[DOC_ID].to_pylist()
         texts = table[TEXT].to_pylist()
-        # (doc position, chunk offset, chunk text) for every non-blank chunk of every doc
-        jobs: list[tuple[int, int, str]] = []
-        for i, text in enumerate(texts):
-            if text is None or not text.strip():
-                continue
-            for a, b in chunk_spans(text, self.cfg.chunk_chars):
-                jobs.append((i, a, text[a:b]))
+        jobs = self._jobs(texts)
         out: dict[str, list] = {c: [] for c in self.output_columns}
         counters = [0] * len(texts)
         cap = self.cfg.max_sentences
-        for (i, offset, _), doc in zip(jobs, self.nlp.pipe(j[2] for j in jobs), strict=True):
-            for sent in doc.sents:
-                raw = sent.text
-                stripped = raw.strip()
-                if not stripped:
-                    continue
+        for (i, offset, chunk), doc in zip(jobs, self.nlp.pipe(j[2] for j in jobs), strict=True):
+            for start, end in self._spans(texts[i], offset, chunk, doc):
                 counters[i] += 1
                 if counters[i] > cap:  # refused below: count on, keep no more rows
                     continue
-                start = offset + sent.start_char + (len(raw) - len(raw.lstrip()))
                 out[DOC_ID].append(doc_ids[i])
                 out[SENT_INDEX].append(counters[i] - 1)
                 out[START_CHAR].append(start)
-                out[END_CHAR].append(start + len(stripped))
-                out[TEXT].append(stripped)
+                out[END_CHAR].append(end)
+                out[TEXT].append(joined(texts[i][start:end]))
         result = pa.Table.from_pydict(out, schema=SENTENCES_SCHEMA)
         over = {doc_ids[i]: n for i, n in enumerate(counters) if n > cap}
         if over:
@@ -194,6 +229,32 @@ class Sentencizer(Stage):
                 result.filter(pc.invert(pc.is_in(result[DOC_ID], pa.array(list(over))))),
             )
         return result
+
+    def _jobs(self, texts: list[str | None]) -> list[tuple[int, int, str]]:
+        """(doc position, chunk offset, chunk text) for every chunk of every paragraph of
+        every document that has text: a chunk never crosses a paragraph break."""
+        jobs: list[tuple[int, int, str]] = []
+        for i, text in enumerate(texts):
+            if text is None or not text.strip():
+                continue
+            for p, q in paragraph_spans(text):
+                for a, b in chunk_spans(text[p:q], self.cfg.chunk_chars):
+                    jobs.append((i, p + a, text[p + a : p + b]))
+        return jobs
+
+    @staticmethod
+    def _spans(text: str, offset: int, chunk: str, doc: Any) -> list[tuple[int, int]]:
+        """The sentences spaCy found in one chunk, as stripped spans of the document's
+        text, with their quotes mended."""
+        spans = []
+        for sent in doc.sents:
+            raw = sent.text
+            stripped = raw.strip()
+            if stripped:
+                start = offset + sent.start_char + (len(raw) - len(raw.lstrip()))
+                spans.append((start, start + len(stripped)))
+        del chunk  # the spans index ``text``; the chunk was spaCy's input
+        return mend_quotes(text, spans)
 
     def teardown(self) -> None:
         self.nlp = None

@@ -10,6 +10,7 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.pipeline.errors import UsageError
+from docintel.pipeline.stages.sentencize import joined
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -52,10 +53,10 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     ]
     assert sorted(label_cols) == ["n_bearish", "n_bullish", "n_neutral"]
     assert (docs[label_cols].sum(axis=1) == docs.n_sentences).all()
-    # character offsets point into the original text
+    # character offsets point into the original text (its line breaks joined when stored)
     originals = dict(zip(ids_a + ids_b, normal + hostile, strict=True))
     for row in sents.itertuples():
-        assert originals[row.doc_id][row.start_char : row.end_char] == row.text
+        assert joined(originals[row.doc_id][row.start_char : row.end_char]) == row.text
     # the 1M-char and the 10k-char "sentences" were cut to the model's 256 tokens, flagged
     assert docs.loc["b5", "n_sentences"] >= 10 and docs.loc["b5", "n_truncated"] >= 10
     assert docs.loc["b4", "n_truncated"] == 1

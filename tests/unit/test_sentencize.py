@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -12,13 +13,14 @@ import pytest
 from docintel.pipeline.config import SentencizeConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import DOC_ID, END_CHAR, SENT_INDEX, START_CHAR, TEXT
-from docintel.pipeline.stages.sentencize import SENTENCES_SCHEMA, Sentencizer, chunk_spans
+from docintel.pipeline.stages.sentencize import SENTENCES_SCHEMA, Sentencizer, chunk_spans, joined
 
 
 def assert_offsets_hold(out: pa.Table, texts: dict[str, str]) -> None:
+    """Each row's span of the original, its line breaks joined, is its stored text."""
     for row in out.to_pylist():
         original = texts[row[DOC_ID]]
-        assert original[row[START_CHAR] : row[END_CHAR]] == row[TEXT], row
+        assert joined(original[row[START_CHAR] : row[END_CHAR]]) == row[TEXT], row
 
 
 def assert_sent_index_dense(out: pa.Table) -> None:
@@ -264,3 +266,63 @@ def test_a_blank_pipeline_loads_without_torch() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
+
+
+def test_a_blank_line_is_a_hard_boundary(sentencizer, docs_table):
+    """Issue 32 item 5: a headline and the first sentence are never one sentence, and no
+    sentence spans a blank line (spaCy's rule-based sentencizer alone fuses them)."""
+    texts = {
+        "news": "Bank cuts 1,000 jobs\n\nThe bank said on Tuesday it would cut jobs.\n \t\n"
+        "Shares fell 3% in early trade",
+        "heading": "Outlook\n\n\nRevenue should grow",
+    }
+    out = sentencizer(docs_table(list(texts), list(texts.values())))
+    got = {d: out.filter(pa.compute.equal(out[DOC_ID], d))[TEXT].to_pylist() for d in texts}
+    assert got["news"] == [
+        "Bank cuts 1,000 jobs",
+        "The bank said on Tuesday it would cut jobs.",
+        "Shares fell 3% in early trade",
+    ]
+    assert got["heading"] == ["Outlook", "Revenue should grow"]
+    assert_offsets_hold(out, texts)
+    for row in out.to_pylist():  # no stored sentence spans a blank line of the original
+        span = texts[row[DOC_ID]][row[START_CHAR] : row[END_CHAR]]
+        assert not re.search(r"\n[ \t]*\n", span)
+
+
+def test_quotes_stay_with_their_sentence(sentencizer, docs_table):
+    texts = {
+        "straight": 'Profits dropped. "We expect a recovery," the CEO said. "It will take '
+        'time." Analysts disagreed.',
+        "curly": "Markets rallied. \u201cInflation is easing,\u201d said Smith. \u201cWe are "
+        "cautious.\u201d Bonds fell.",
+        "colon": 'He said: "Profits fell." "Costs rose," she added.',
+    }
+    out = sentencizer(docs_table(list(texts), list(texts.values())))
+    got = {d: out.filter(pa.compute.equal(out[DOC_ID], d))[TEXT].to_pylist() for d in texts}
+    assert got["straight"] == [
+        "Profits dropped.",
+        '"We expect a recovery," the CEO said.',
+        '"It will take time."',
+        "Analysts disagreed.",
+    ]
+    assert got["curly"] == [
+        "Markets rallied.",
+        "\u201cInflation is easing,\u201d said Smith.",
+        "\u201cWe are cautious.\u201d",
+        "Bonds fell.",
+    ]
+    assert got["colon"] == ['He said: "Profits fell."', '"Costs rose," she added.']
+    assert_offsets_hold(out, texts)
+
+
+def test_line_breaks_inside_a_sentence_are_joined(sentencizer, docs_table):
+    text = "The bank said it would cut\n1,000 jobs   \r\n  by 2027. It gave no timeline."
+    out = sentencizer(docs_table(["d"], [text]))
+    rows = out.to_pylist()
+    assert [r[TEXT] for r in rows] == [
+        "The bank said it would cut 1,000 jobs by 2027.",
+        "It gave no timeline.",
+    ]
+    assert text[rows[0][START_CHAR] : rows[0][END_CHAR]].startswith("The bank")
+    assert rows[0][END_CHAR] == text.index("2027.") + len("2027.")
