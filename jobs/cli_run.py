@@ -285,11 +285,14 @@ def ingest(
     """Turn a folder of text files into a documents Parquet file (doc_id, text, encoding).
 
     doc_id is the file's path relative to FOLDER; text is its content, decoded as UTF-8
-    when it is valid UTF-8, else with the encoding charset-normalizer detects (or
-    --encoding), which the encoding column records. Every file decoded lossily (bytes
-    its encoding does not map became U+FFFD) is named. In doc_id, each byte of a file
-    name that is not UTF-8 is written as %XX and a literal % as %25, so the Latin-1 name
-    café.txt (byte E9) becomes caf%E9.txt and every doc_id names exactly one file.
+    when it is valid UTF-8 (or as its byte-order mark says), else with the encoding
+    charset-normalizer detects (Western European text that reads as cp1252 is cp1252),
+    or --encoding. The encoding column records it, and the decoding column how it was
+    chosen: exact, given, guessed or lossy. Every file whose encoding was guessed, and
+    every file decoded lossily (bytes its encoding does not map became U+FFFD), is named
+    on stderr. In doc_id, each byte of a file name that is not UTF-8 is written as %XX
+    and a literal % as %25, so the Latin-1 name café.txt (byte E9) becomes caf%E9.txt
+    and every doc_id names exactly one file.
 
     Skipped and listed with the reason, never read: files and folders reached through a
     symlink that leads outside FOLDER, binary files (NUL bytes in the first 8 KiB, or
@@ -338,10 +341,19 @@ def _print_ingested(result: IngestResult, output: Path) -> None:
     """What ingest wrote and skipped. File names, ids and reasons (which quote paths) are
     data: no markup, and no control character reaches the terminal (``safe``)."""
     notes = [f"{n:,} decoded as {enc}" for enc, n in sorted(result.encodings.items())]
+    if result.guessed:
+        notes.append(f"{len(result.guessed):,} with a guessed encoding, listed on stderr")
     if result.lossy:
         notes.append(f"{len(result.lossy):,} decoded lossily, listed on stderr")
     note = f" ({'; '.join(notes)})" if notes else ""
     out.print(f"wrote {result.documents:,} documents to {safe(output)}{note}", markup=False)
+    for doc_id, encoding in result.guessed:
+        console.print(
+            f"warning: {safe(doc_id)}: not UTF-8; decoded as {encoding}, a guessed "
+            "encoding; check its text, or pass --encoding",
+            markup=False,
+            highlight=False,
+        )
     for doc_id in result.lossy:
         console.print(
             f"warning: {safe(doc_id)}: decoded lossily (bytes its encoding does not map "

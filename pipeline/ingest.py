@@ -4,11 +4,16 @@ Secure by default: nothing outside FOLDER is read, binary and oversized files ar
 reported instead of ingested, an undecodable file name never aborts the run, memory stays
 bounded whatever the corpus size, and OUTPUT appears only once it is complete.
 
-Encodings: a file that is valid UTF-8 is read as UTF-8; any other is decoded with the
-encoding charset-normalizer detects (or the one given, ``encoding=``), recorded per file in
-the ``encoding`` column. A file decoded lossily (its undecodable bytes became U+FFFD) is
-named in ``IngestResult.lossy``: UTF-8 with a few damaged bytes, or bytes the given or
-detected encoding does not map.
+Encodings: a byte-order mark decides (UTF-8, UTF-16 or UTF-32; the mark is dropped); a
+file that is valid UTF-8 is read as UTF-8; any other is decoded with the encoding
+charset-normalizer detects (or the one given, ``encoding=``), except that text which reads
+as Western European cp1252 (few, isolated non-ASCII bytes, all Latin letters or common
+symbols such as £ € «) is read as cp1252 when the detector's guess is a codec of another
+script or an old DOS/Mac code page (it read a Latin-1 "£" as shift_jis "｣"). The
+``encoding`` column records the encoding per file and the ``decoding`` column how it was
+chosen: ``exact`` (UTF-8, or a byte-order mark), ``given``, ``guessed`` (detected) or
+``lossy`` (bytes it does not map became U+FFFD). Every guessed file is named in
+``IngestResult.guessed`` and every lossy one in ``IngestResult.lossy``.
 
 doc_id escaping (reversible, see ``doc_id_for`` / ``doc_id_to_path``): the path relative
 to FOLDER is decoded with ``os.fsdecode`` (surrogateescape), each byte that is not valid
@@ -19,10 +24,13 @@ everything else is kept as is, with ``/`` between folders. ``b"caf\\xe9.txt"`` b
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import secrets
 import stat
+import string
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -45,15 +53,35 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 # always a log, a dump or a mistake, and one file must not decide the process's memory.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 # Binary sniffing: a NUL byte in the first SNIFF_BYTES means binary (text has none; UTF-16
-# counts as binary: convert it to UTF-8). A file that is not valid UTF-8 is binary when more
-# than BINARY_FRACTION of its bytes are undecodable or control characters; below that it is
-# text with a few bad bytes, ingested with U+FFFD replacement characters and counted.
+# without a byte-order mark counts as binary: convert it to UTF-8). A file that is not valid
+# UTF-8 is binary when more than BINARY_FRACTION of its bytes are undecodable or control
+# characters; below that it is text with a few bad bytes, ingested with U+FFFD replacement
+# characters and counted.
 SNIFF_BYTES = 8 * 1024
 BINARY_FRACTION = 0.30
 
 ENCODING = "encoding"  # the column: the encoding each file was decoded with
-SCHEMA = pa.schema([(DOC_ID, pa.string()), (TEXT, pa.string()), (ENCODING, pa.string())])
+DECODING = "decoding"  # the column: how that encoding was chosen, one of these four
+EXACT = "exact"  # valid UTF-8, or the encoding its byte-order mark declares
+GIVEN = "given"  # the encoding given (--encoding), every byte mapped
+GUESSED = "guessed"  # detected (charset-normalizer, or the cp1252 rule), every byte mapped
+LOSSY = "lossy"  # bytes its encoding does not map became U+FFFD
+SCHEMA = pa.schema(
+    [
+        (DOC_ID, pa.string()),
+        (TEXT, pa.string()),
+        (ENCODING, pa.string()),
+        (DECODING, pa.string()),
+    ]
+)
 UTF8 = "utf-8"
+_BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 # Ties between encodings that charset-normalizer finds equally plausible (short texts:
 # Latin-1 French reads as cp1250 or cp775 as well as cp1252) go to the most used one.
 PREFERRED_ENCODINGS = (
@@ -70,11 +98,53 @@ PREFERRED_ENCODINGS = (
     "euc_kr",
 )
 CHAOS_TIE = 0.01  # matches within this much "chaos" (mess ratio) of the best are a tie
+# Codecs of Latin-script languages whose guess stands. Any other guess (CJK, Cyrillic,
+# Greek, ... and old DOS/Mac code pages such as cp775, cp850, mac_latin2) gives way to
+# cp1252 when the bytes read as Western European text there (``_reads_as_western``):
+# charset-normalizer finds no mess in "｣" (shift_jis for a Latin-1 "£") or "Ć" (cp775 for a
+# cp1252 "€"), but real text in those scripts never has that shape in cp1252.
+LATIN_CODECS = frozenset(
+    {
+        "cp1252",
+        "latin_1",
+        "iso8859_15",
+        "cp1250",
+        "iso8859_2",
+        "cp1254",
+        "iso8859_9",
+        "cp1257",
+        "iso8859_4",
+        "iso8859_13",
+        "cp1258",
+        "iso8859_3",
+        "iso8859_10",
+        "iso8859_14",
+        "iso8859_16",
+    }
+)
+WESTERN = "cp1252"
+# The shape of Western European text read as cp1252: its non-ASCII characters are Latin
+# letters or common symbols (_WESTERN_SYMBOLS: no-break space, £ € ¥ ¢ © ® ™ ° ± § ¶ · •,
+# quotes, dashes, ellipsis, times, divide, ² ½ ¼ ¾ µ ¿ ¡ ª º, acute accent, ‰); at most
+# WESTERN_SHARE of them per ASCII letter; at most WESTERN_RUN_SHARE of them in runs of
+# WESTERN_RUN or more non-ASCII bytes in a row (words of another script: koi8-r Russian
+# reads as "Ãåíåðàëüíûé").
+_WESTERN_SYMBOLS = bytes.fromhex(
+    "a0 a3 80 a5 a2 a9 ae 99 b0 b1 a7 b6 b7 95 ab bb 8b 9b 96 97 91 92 82 93 94 84 85"
+    " d7 f7 b2 bd bc be b5 bf a1 aa ba b4 89"
+).decode(WESTERN)
+WESTERN_SHARE = 0.5
+WESTERN_RUN = 3
+WESTERN_RUN_SHARE = 0.10
+_HIGH_MARKS = bytes(0x20 if b < 0x80 else 0x80 for b in range(256))  # non-ASCII: 0x80
+_ASCII = bytes(range(128))
+_ASCII_LETTERS = string.ascii_letters.encode()
 # Undecodable bytes (lone surrogates from surrogateescape) and control characters other
 # than the whitespace, backspace and escape that real text files carry.
 _NOT_TEXT = re.compile("[\udc80-\udcff\x00-\x07\x0e-\x1a\x1c-\x1f\x7f]")
 _ESCAPED = re.compile("[%\udc80-\udcff]")
 _UTF8_BEYOND_ASCII = re.compile("[^\x00-\x7f\udc80-\udcff]")  # a valid multi-byte character
+_BAD_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8 (surrogateescape)
 _PERCENT = re.compile("%([0-9A-Fa-f]{2})")
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # the file itself must not be a symlink (race)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO swapped in must not hang the open
@@ -98,6 +168,9 @@ class IngestResult:
     skipped: list[Skipped] = field(default_factory=list)
     lossy: list[str] = field(default_factory=list)  # the doc_ids of those files
     encodings: dict[str, int] = field(default_factory=dict)  # files per encoding, not UTF-8
+    # (doc_id, encoding) of every file whose encoding was detected, not known: no byte-order
+    # mark, not UTF-8, no encoding given (decoded lossily too: also in ``lossy``)
+    guessed: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -248,26 +321,45 @@ def _read(real: str, max_bytes: int) -> bytes | str:
     return raw
 
 
-def _decode(raw: bytes, encoding: str | None = None) -> tuple[str, str, bool] | str:
-    """(text, encoding, whether bytes were replaced), or why the file is binary.
+@dataclass(frozen=True)
+class _Decoded:
+    text: str
+    encoding: str  # the codec's name, the ``encoding`` column
+    how: str  # EXACT, GIVEN, GUESSED or LOSSY, the ``decoding`` column
+    guessed: bool = False  # detected (also when LOSSY)
 
-    ``encoding`` given: every file is decoded with it. Else UTF-8 when the file is valid
-    UTF-8; a file with valid multi-byte UTF-8 and a few bad bytes is damaged UTF-8 (bad
-    bytes replaced); any other is decoded with the encoding charset-normalizer detects;
-    when it detects none, the file is binary, or UTF-8 with its bad bytes replaced."""
+
+def _decode(raw: bytes, encoding: str | None = None) -> _Decoded | str:
+    """The decoded file, or why it is binary.
+
+    ``encoding`` given: every file is decoded with it. Else a byte-order mark decides;
+    else UTF-8 when the file is valid UTF-8; a file with at least as many valid multi-byte
+    UTF-8 characters as bad bytes is damaged UTF-8 (bad bytes replaced); any other is
+    decoded with ``detect_encoding``'s guess; when it has none, the file is binary, or
+    UTF-8 with its bad bytes replaced."""
     if encoding is not None:
-        return _decode_as(raw, encoding)
+        return _decode_as(raw, encoding, GIVEN)
+    marked = _by_bom(raw)
+    if marked is not None:
+        return marked
     if b"\0" in raw[:SNIFF_BYTES]:
         return f"binary: NUL bytes in the first {SNIFF_BYTES // 1024} KiB; not ingested"
     try:
-        return raw.decode(UTF8), UTF8, False
+        return _Decoded(raw.decode(UTF8), UTF8, EXACT)
     except UnicodeDecodeError:
-        pass
+        return _decode_not_utf8(raw)
+
+
+def _decode_not_utf8(raw: bytes) -> _Decoded | str:
+    """Damaged UTF-8 (bad bytes replaced), the detected encoding, or why it is binary.
+    Counting valid characters against bad bytes keeps a shift_jis or EUC file, where a
+    few byte pairs happen to be valid UTF-8, from passing for damaged UTF-8."""
     loose = raw.decode(UTF8, errors="surrogateescape")  # one lone surrogate per bad byte
-    if not _UTF8_BEYOND_ASCII.search(loose):  # no UTF-8 beyond ASCII: another encoding?
+    valid = len(loose) - len(_UTF8_BEYOND_ASCII.sub("", loose))  # counts, no lists
+    if valid < len(loose) - len(_BAD_BYTE.sub("", loose)):  # not damaged UTF-8: detect
         detected = detect_encoding(raw)
         if detected is not None:
-            return _decode_as(raw, detected)
+            return _decode_as(raw, detected, GUESSED)
     bad = len(loose) - len(_NOT_TEXT.sub("", loose))
     if bad > BINARY_FRACTION * len(raw):
         return (
@@ -275,19 +367,36 @@ def _decode(raw: bytes, encoding: str | None = None) -> tuple[str, str, bool] | 
             "characters; not ingested (convert it to UTF-8 text if it is text, or pass "
             "--encoding)"
         )
-    return raw.decode(UTF8, errors="replace"), UTF8, True
+    return _Decoded(raw.decode("utf-8-sig", errors="replace"), UTF8, LOSSY)
 
 
-def _decode_as(raw: bytes, encoding: str) -> tuple[str, str, bool]:
+def _by_bom(raw: bytes) -> _Decoded | None:
+    """The text a byte-order mark declares (the mark dropped), or None: no mark, or bytes
+    its encoding rejects (damaged UTF-8 or binary: the usual checks decide)."""
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            try:
+                return _Decoded(raw[len(bom) :].decode(codec), codec, EXACT)
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _decode_as(raw: bytes, encoding: str, how: str) -> _Decoded:
+    guessed = how == GUESSED
     try:
-        return raw.decode(encoding), encoding, False
+        return _Decoded(raw.decode(encoding), encoding, how, guessed)
     except UnicodeDecodeError:
-        return raw.decode(encoding, errors="replace"), encoding, True
+        return _Decoded(raw.decode(encoding, errors="replace"), encoding, LOSSY, guessed)
 
 
 def detect_encoding(raw: bytes) -> str | None:
     """The encoding of text that is not UTF-8, as charset-normalizer detects it (ties go to
-    ``PREFERRED_ENCODINGS``, in order), or None when it finds no plausible one (binary)."""
+    ``PREFERRED_ENCODINGS``, in order), or None when it finds no plausible one (binary).
+
+    A guess outside ``LATIN_CODECS`` becomes cp1252 when the bytes read as Western European
+    text in cp1252 (``_reads_as_western``): a Latin-1 or cp1252 news text with "£" or "€"
+    is not shift_jis or cp775, whatever the detector's mess ratio says."""
     from charset_normalizer import from_bytes
 
     matches = list(from_bytes(raw))
@@ -295,10 +404,41 @@ def detect_encoding(raw: bytes) -> str | None:
         return None
     least = min(m.chaos for m in matches)
     close = [m for m in matches if m.chaos <= least + CHAOS_TIE]
+    guess = str(close[0].encoding)
     for preferred in PREFERRED_ENCODINGS:
         if any(preferred in m.could_be_from_charset for m in close):
-            return preferred
-    return str(close[0].encoding)
+            guess = preferred
+            break
+    if guess not in LATIN_CODECS and _reads_as_western(raw):
+        return WESTERN
+    return guess
+
+
+def _reads_as_western(raw: bytes) -> bool:
+    """Whether ``raw`` decodes as cp1252 into the shape of Western European text: every
+    non-ASCII character a Latin letter or a common symbol (``_WESTERN_SYMBOLS``), few of
+    them per ASCII letter (``WESTERN_SHARE``) and nearly all in runs shorter than
+    ``WESTERN_RUN`` (words of other scripts are runs of non-ASCII bytes). Byte-level
+    counts: a 64 MiB file takes about a second."""
+    high = raw.translate(None, _ASCII)
+    letters = len(raw) - len(raw.translate(None, _ASCII_LETTERS))
+    if not high or len(high) > WESTERN_SHARE * max(letters, 4):
+        return False
+    marks = raw.translate(_HIGH_MARKS)  # counted in runs: 3 bytes per 3, 4 or 5 in a row
+    in_runs = WESTERN_RUN * marks.count(b"\x80" * WESTERN_RUN)
+    return in_runs <= WESTERN_RUN_SHARE * len(high) and set(high) <= _WESTERN_BYTES
+
+
+def _western_byte(b: int) -> bool:
+    try:
+        c = bytes([b]).decode(WESTERN)
+    except UnicodeDecodeError:  # 0x81, 0x8D, 0x8F, 0x90, 0x9D: not cp1252 text
+        return False
+    latin = c.isalpha() and unicodedata.name(c, "").startswith("LATIN ")
+    return latin or c in _WESTERN_SYMBOLS
+
+
+_WESTERN_BYTES = frozenset(b for b in range(128, 256) if _western_byte(b))
 
 
 def check_encoding(encoding: str | None) -> str | None:
@@ -324,12 +464,14 @@ class _RowGroups:
         self.ids: list[str] = []
         self.texts: list[str] = []
         self.encodings: list[str] = []
+        self.decodings: list[str] = []
         self.size = 0
 
-    def add(self, doc_id: str, text: str, encoding: str, size: int) -> None:
+    def add(self, doc_id: str, decoded: _Decoded, size: int) -> None:
         self.ids.append(doc_id)
-        self.texts.append(text)
-        self.encodings.append(encoding)
+        self.texts.append(decoded.text)
+        self.encodings.append(decoded.encoding)
+        self.decodings.append(decoded.how)
         self.size += size
         if len(self.ids) >= self.docs or self.size >= self.nbytes:
             self.flush()
@@ -337,10 +479,16 @@ class _RowGroups:
     def flush(self) -> None:
         if not self.ids:
             return
-        columns = {DOC_ID: self.ids, TEXT: self.texts, ENCODING: self.encodings}
+        columns = {
+            DOC_ID: self.ids,
+            TEXT: self.texts,
+            ENCODING: self.encodings,
+            DECODING: self.decodings,
+        }
         table = pa.table(columns, schema=SCHEMA)
         self.writer.write_table(table, row_group_size=table.num_rows)
-        self.ids, self.texts, self.encodings, self.size = [], [], [], 0
+        self.ids, self.texts, self.encodings, self.decodings = [], [], [], []
+        self.size = 0
 
 
 def _candidates(folder: Path, patterns: list[str], skipped: list[Skipped]) -> list[tuple[str, str]]:
@@ -433,9 +581,11 @@ def ingest_folder(
     Files are found recursively and written in sorted order of their relative paths.
     doc_id is the path relative to ``folder``, escaped as described in this module's
     docstring (bytes that are not UTF-8 become ``%XX``, ``%`` becomes ``%25``). text is the
-    content decoded as UTF-8, or with the detected encoding (``encoding``: with that one),
-    recorded in the ``encoding`` column; a file with undecodable bytes gets U+FFFD for them,
-    is named in ``lossy`` and counted in ``replaced``.
+    content decoded as UTF-8 (or as its byte-order mark says), or with the detected
+    encoding (``encoding``: with that one), recorded in the ``encoding`` column and how it
+    was chosen in ``decoding``; a file whose encoding was detected is named in ``guessed``;
+    a file with undecodable bytes gets U+FFFD for them, is named in ``lossy`` and counted
+    in ``replaced``.
 
     Skipped (listed in ``IngestResult.skipped`` with the reason, never read): files and
     folders reached through a symlink whose real path leaves ``folder``; a second path to
@@ -519,11 +669,12 @@ def _ingest_one(
     if isinstance(decoded, str):
         skipped.append(Skipped(doc_id, decoded))
         return
-    text, encoding, replaced = decoded
-    rows.add(doc_id, text, encoding, len(raw))
+    rows.add(doc_id, decoded, len(raw))
     result.documents += 1
-    if encoding != UTF8:
-        result.encodings[encoding] = result.encodings.get(encoding, 0) + 1
-    if replaced:
+    if decoded.encoding != UTF8:
+        result.encodings[decoded.encoding] = result.encodings.get(decoded.encoding, 0) + 1
+    if decoded.guessed:
+        result.guessed.append((doc_id, decoded.encoding))
+    if decoded.how == LOSSY:
         result.replaced += 1
         result.lossy.append(doc_id)
