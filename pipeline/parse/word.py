@@ -14,11 +14,18 @@ import io
 import re
 import zipfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from docintel.pipeline.parse.detect import WORD_MAIN_PART
 from docintel.pipeline.parse.errors import CorruptFile, EmptyFile, NotAWordDocument
 from docintel.pipeline.parse.model import DOCX, ParsedDocument, ParseLimits
 from docintel.pipeline.parse.zipguard import checked_zip
+
+if TYPE_CHECKING:
+    from docx.document import Document as WordDocument
+    from docx.oxml.xmlchemy import BaseOxmlElement
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
 
 CELL_SEPARATOR = " | "
 _SPACES = re.compile(r"[^\S\n]+")
@@ -28,8 +35,8 @@ def _clean(text: str) -> str:
     return "\n".join(_SPACES.sub(" ", line).strip() for line in text.split("\n")).strip()
 
 
-def _rows(table: object) -> Iterator[str]:
-    for row in table.rows:  # type: ignore[attr-defined]
+def _rows(table: Table) -> Iterator[str]:
+    for row in table.rows:
         seen: set[int] = set()
         cells = []
         for cell in row.cells:
@@ -41,18 +48,36 @@ def _rows(table: object) -> Iterator[str]:
             yield CELL_SEPARATOR.join(cells)
 
 
-def _is_heading(paragraph: object) -> bool:
-    style = getattr(paragraph, "style", None)
-    name = (getattr(style, "name", "") or "").lower()
+def _is_heading(paragraph: Paragraph) -> bool:
+    style = paragraph.style
+    name = ((style.name if style is not None else None) or "").lower()
     return name.startswith("heading") or name == "title"
 
 
-def _paragraphs(document: object) -> tuple[list[str], str | None]:
+def _body_blocks(element: BaseOxmlElement, parent: WordDocument) -> Iterator[Paragraph | Table]:
+    """The paragraphs and tables under ``element`` in order, inside content controls
+    (``w:sdt``: cover pages and tables of contents of Word's templates) too."""
+    from docx.oxml.ns import qn
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+
+    for child in element.iterchildren():
+        if child.tag == qn("w:p"):
+            yield Paragraph(child, parent)
+        elif child.tag == qn("w:tbl"):
+            yield Table(child, parent)
+        elif child.tag == qn("w:sdt"):
+            content = child.find(qn("w:sdtContent"))
+            if content is not None:
+                yield from _body_blocks(content, parent)
+
+
+def _paragraphs(document: WordDocument) -> tuple[list[str], str | None]:
     from docx.table import Table
 
     out: list[str] = []
     heading: str | None = None
-    for block in document.iter_inner_content():  # type: ignore[attr-defined]
+    for block in _body_blocks(document.element.body, document):
         if isinstance(block, Table):
             out.extend(_rows(block))
             continue

@@ -54,6 +54,24 @@ def test_merged_cells_appear_once() -> None:
     assert doc.text == "Full-year totals\n\na | b | c"
 
 
+def test_paragraphs_inside_content_controls() -> None:
+    """Word's cover pages wrap their paragraphs in a content control (w:sdt)."""
+    from docx import Document
+    from docx.oxml import OxmlElement
+
+    document = Document()
+    cover = document.add_paragraph("Prepared for the audit committee")
+    document.add_paragraph("Body text follows the cover.")
+    sdt, content = OxmlElement("w:sdt"), OxmlElement("w:sdtContent")
+    cover._p.addprevious(sdt)
+    sdt.append(content)
+    content.append(cover._p)
+    buf = io.BytesIO()
+    document.save(buf)
+    [doc] = parse_file("cover.docx", buf.getvalue())
+    assert doc.text == "Prepared for the audit committee\n\nBody text follows the cover."
+
+
 def test_docx_that_is_not_a_zip() -> None:
     with pytest.raises(NotAZip, match=r"^old\.docx: not a zip archive.*\.doc must be converted"):
         parse_file("old.docx", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1 an old binary .doc" * 20)
