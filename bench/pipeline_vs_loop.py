@@ -71,9 +71,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -137,6 +138,7 @@ TITLES = {
 }
 
 MIB = 1024 * 1024
+T = TypeVar("T")
 SENT_INDEX, LABEL, N_TOKENS, EMBEDDING = "sent_index", "label", "n_tokens", "embedding"
 
 
@@ -390,6 +392,62 @@ def predictions_table(
     )
 
 
+def _timed(seconds: dict[str, float], name: str, step: Callable[[], T]) -> T:
+    """``step()``, its wall time recorded as ``seconds[name]``."""
+    t = time.perf_counter()
+    out = step()
+    seconds[name] = time.perf_counter() - t
+    return out
+
+
+@dataclass
+class LoopModels:
+    nlp: Any
+    tokenizer: Any
+    encoder: Any
+    classifier: Any
+    labels: list[str]
+
+
+def _load_models(torch_threads: int, encoder_dir: Path | None) -> LoopModels:
+    """spaCy, the encoder on ``torch_threads`` (0: torch's default) and the classifier."""
+    nlp = load_spacy()
+    tokenizer, encoder = load_encoder(torch_threads, encoder_dir)
+    classifier, labels = load_classifier()
+    return LoopModels(nlp, tokenizer, encoder, classifier, labels)
+
+
+def _read_corpus(corpus: Path) -> tuple[pa.Table, list[str]]:
+    """The corpus's ids and texts, and its ids as a list."""
+    table = pq.read_table(corpus, columns=[DOC_ID, TEXT])
+    return table, table[DOC_ID].to_pylist()
+
+
+def _embed_classify(
+    strongest: bool, m: LoopModels, texts: list[str], batch: int, seconds: dict[str, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectors, token counts and probabilities: the strongest loop tokenizes once, embeds
+    length-sorted batches and calls the classifier directly; the corpus-order loop embeds
+    in corpus order and calls ``model.predict``."""
+    n_labels = len(m.labels)
+    if strongest:
+        ids = _timed(seconds, "tokenize", lambda: tokenize_all(m.tokenizer, texts))
+        vectors, tokens = _timed(
+            seconds, "embed", lambda: embed_sorted(m.tokenizer, m.encoder, ids, batch)
+        )
+        probs = _timed(
+            seconds, "classify", lambda: classify_direct(m.classifier, vectors, n_labels)
+        )
+    else:
+        vectors, tokens = _timed(
+            seconds, "embed", lambda: embed_corpus_order(m.tokenizer, m.encoder, texts, batch)
+        )
+        probs = _timed(
+            seconds, "classify", lambda: classify_predict(m.classifier, vectors, n_labels)
+        )
+    return vectors, tokens, probs
+
+
 def loop_main(
     variant: str,
     corpus: Path,
@@ -406,43 +464,16 @@ def loop_main(
     """
     strongest = variant == STRONGEST
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    nlp = load_spacy()
-    tokenizer, encoder = load_encoder(threads if strongest else 0, encoder_dir)
-    classifier, labels = load_classifier()
-    seconds["load"] = time.perf_counter() - t
+    m = _timed(seconds, "load", lambda: _load_models(threads if strongest else 0, encoder_dir))
     import torch  # already imported by load_encoder; named here for its thread count
 
-    t = time.perf_counter()
-    table = pq.read_table(corpus, columns=[DOC_ID, TEXT])
-    doc_ids = table[DOC_ID].to_pylist()
-    seconds["read"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    sents = sentencize(nlp, doc_ids, table[TEXT].to_pylist())
-    seconds["sentencize"] = time.perf_counter() - t
-
-    if strongest:
-        t = time.perf_counter()
-        ids = tokenize_all(tokenizer, sents.texts)
-        seconds["tokenize"] = time.perf_counter() - t
-        t = time.perf_counter()
-        vectors, tokens = embed_sorted(tokenizer, encoder, ids, batch)
-        seconds["embed"] = time.perf_counter() - t
-        t = time.perf_counter()
-        probs = classify_direct(classifier, vectors, len(labels))
-        seconds["classify"] = time.perf_counter() - t
-    else:
-        t = time.perf_counter()
-        vectors, tokens = embed_corpus_order(tokenizer, encoder, sents.texts, batch)
-        seconds["embed"] = time.perf_counter() - t
-        t = time.perf_counter()
-        probs = classify_predict(classifier, vectors, len(labels))
-        seconds["classify"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    pq.write_table(predictions_table(sents, labels, probs, vectors, tokens), predictions)
-    seconds["write"] = time.perf_counter() - t
+    table, doc_ids = _timed(seconds, "read", lambda: _read_corpus(corpus))
+    sents = _timed(
+        seconds, "sentencize", lambda: sentencize(m.nlp, doc_ids, table[TEXT].to_pylist())
+    )
+    vectors, tokens, probs = _embed_classify(strongest, m, sents.texts, batch, seconds)
+    rows = (sents, m.labels, probs, vectors, tokens)
+    _timed(seconds, "write", lambda: pq.write_table(predictions_table(*rows), predictions))
 
     summary = {
         "variant": variant,
@@ -820,32 +851,31 @@ def _stage_text(stages: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
 
 
-def report(
+def _first_runs(runs: list[Run]) -> dict[str, Run]:
+    """The first kept run of each variant (its counts and settings stand for all)."""
+    return {v: next(r for r in runs if r.variant == v and r.kept) for v in VARIANTS}
+
+
+def _setup_lines(
     args: argparse.Namespace,
     runs: list[Run],
     corpus_what: str,
     sweep: dict[str, Any] | None,
-    sweep_s: float | None,
     batch: int,
     load: str,
-    checks: list[str],
-) -> str:
+) -> list[str]:
+    """The report's title and its set-up: corpus, machine, commands, each variant's settings."""
     docs = runs[0].documents
-    sums = {v: summarize(runs, v) for v in VARIANTS}
-    d, s, c = sums[DOCINTEL], sums[STRONGEST], sums[CORPUS_ORDER]
-    vs_strong, vs_order = d.docs_per_s / s.docs_per_s, d.docs_per_s / c.docs_per_s
-    first = {v: next(r for r in runs if r.variant == v and r.kept) for v in VARIANTS}
-    sentences = {v: first[v].sentences for v in VARIANTS}
-    tokens = {v: first[v].tokens for v in VARIANTS}
+    first = _first_runs(runs)
+    sentences, tokens = first[DOCINTEL].sentences, first[DOCINTEL].tokens
     threads = {v: first[v].details.get("torch_threads") for v in (STRONGEST, CORPUS_ORDER)}
-
-    lines = [
+    return [
         f"# docintel vs plain loops: {docs:,} documents ({args.corpus} corpus), "
         f"{args.pairs} alternating pairs",
         "",
-        f"- corpus: {corpus_what}; {sentences[DOCINTEL]:,} sentences "
-        f"({sentences[DOCINTEL] / max(docs, 1):.1f} per document), {tokens[DOCINTEL]:,} "
-        f"MiniLM tokens ({tokens[DOCINTEL] / max(docs, 1):.0f} per document)",
+        f"- corpus: {corpus_what}; {sentences:,} sentences "
+        f"({sentences / max(docs, 1):.1f} per document), {tokens:,} "
+        f"MiniLM tokens ({tokens / max(docs, 1):.0f} per document)",
         *(f"- {m}" for m in machine_lines()),
         f"- load average (1, 5, 15 min): {load}",
         f"- command: `{shlex.join(['.venv/bin/python', *sys.argv])}`",
@@ -866,60 +896,68 @@ def report(
         f"- corpus-order loop: batch size {CORPUS_ORDER_BATCH}, torch threads "
         f"{threads[CORPUS_ORDER]} (torch's default)",
         "",
+    ]
+
+
+RUNS_HEADER = [
+    "pair",
+    "run",
+    "wall s",
+    "docs/s",
+    "sentences/s",
+    "processing s",
+    "peak RSS MiB",
+    "others' CPU %",
+    "CPU busy % before / during",
+    "load (1 min) at start",
+]
+
+
+def _run_row(args: argparse.Namespace, r: Run) -> str:
+    ct = r.contention
+    return _row(
+        [
+            str(r.pair),
+            TITLES[r.variant] + ("" if r.kept else " (redone: others' CPU)"),
+            _fmt(r.wall_s, 1),
+            _fmt(r.documents / r.wall_s, 2),
+            _fmt(r.sentences / r.wall_s, 1),
+            _fmt(r.processing_s, 1),
+            _fmt(r.rss_mib, 0),
+            f"{ct.foreign_pct:.0f}",
+            f"{ct.busy_pct_before:.0f} / {ct.busy_pct:.0f}"
+            + ("" if ct.quiet or args.wait_idle <= 0 else " (not quiet at start)"),
+            _fmt(r.load1, 2),
+        ]
+    )
+
+
+def _runs_table(args: argparse.Namespace, runs: list[Run]) -> list[str]:
+    """## Runs: one row per measured subprocess, redone ones marked."""
+    return [
         "## Runs",
         "",
-        _row(
-            [
-                "pair",
-                "run",
-                "wall s",
-                "docs/s",
-                "sentences/s",
-                "processing s",
-                "peak RSS MiB",
-                "others' CPU %",
-                "CPU busy % before / during",
-                "load (1 min) at start",
-            ]
-        ),
+        _row(RUNS_HEADER),
         _row(["---:", "---", *["---:"] * 8]),
+        *(_run_row(args, r) for r in runs),
     ]
-    for r in runs:
-        ct = r.contention
-        lines.append(
-            _row(
-                [
-                    str(r.pair),
-                    TITLES[r.variant] + ("" if r.kept else " (redone: others' CPU)"),
-                    _fmt(r.wall_s, 1),
-                    _fmt(r.documents / r.wall_s, 2),
-                    _fmt(r.sentences / r.wall_s, 1),
-                    _fmt(r.processing_s, 1),
-                    _fmt(r.rss_mib, 0),
-                    f"{ct.foreign_pct:.0f}",
-                    f"{ct.busy_pct_before:.0f} / {ct.busy_pct:.0f}"
-                    + ("" if ct.quiet or args.wait_idle <= 0 else " (not quiet at start)"),
-                    _fmt(r.load1, 2),
-                ]
-            )
-        )
-    lines += [
-        "",
-        "## Medians",
-        "",
-        _row(
-            [
-                "run",
-                "wall s",
-                "docs/s",
-                "sentences/s",
-                "processing s",
-                "peak RSS MiB",
-                "docintel / this (docs/s)",
-            ]
-        ),
-        _row(["---", *["---:"] * 6]),
-    ]
+
+
+MEDIANS_HEADER = [
+    "run",
+    "wall s",
+    "docs/s",
+    "sentences/s",
+    "processing s",
+    "peak RSS MiB",
+    "docintel / this (docs/s)",
+]
+
+
+def _medians_table(sums: dict[str, Summary]) -> list[str]:
+    """## Medians: one row per variant, with docintel's docs/s ratio to it."""
+    d = sums[DOCINTEL]
+    lines = ["## Medians", "", _row(MEDIANS_HEADER), _row(["---", *["---:"] * 6])]
     for v in VARIANTS:
         m = sums[v]
         ratio = d.docs_per_s / m.docs_per_s
@@ -936,15 +974,26 @@ def report(
                 ]
             )
         )
-    lines += [
-        "",
+    return lines
+
+
+def _ratio_lines(args: argparse.Namespace, docs: int, sums: dict[str, Summary]) -> list[str]:
+    """docintel against each loop, and the verdict against the issue's target."""
+    d, s, c = sums[DOCINTEL], sums[STRONGEST], sums[CORPUS_ORDER]
+    vs_strong, vs_order = d.docs_per_s / s.docs_per_s, d.docs_per_s / c.docs_per_s
+    return [
         f"- docintel / strongest loop: **{vs_strong:.2f}x** documents/s, "
         f"{d.sents_per_s / s.sents_per_s:.2f}x sentences/s",
         f"- docintel / corpus-order loop: **{vs_order:.2f}x** documents/s, "
         f"{d.sents_per_s / c.sents_per_s:.2f}x sentences/s",
         "",
         verdict(args, docs, vs_strong),
-        "",
+    ]
+
+
+def _method_lines(args: argparse.Namespace) -> list[str]:
+    """What the throughput, RSS and contention figures mean."""
+    return [
         "Throughput is over each subprocess's whole wall time (interpreter start, imports, "
         "model loading and, for docintel, Ray start-up included); medians are per run type. "
         '"processing s" leaves out start-up: docintel\'s manifest timings.processing_seconds; '
@@ -962,51 +1011,92 @@ def report(
         "run (its own work included).",
         "",
     ]
-    if sweep:
-        rates = sweep["sentences_per_s"]
-        lines += [
-            f"Batch-size sweep of the strongest loop (embedding only; {sweep['sample']:,} "
-            f"sampled sentences, {sweep['sample_tokens']:,} tokens, sorted by token count; "
-            f"best of {sweep['rounds']} rounds; torch threads {sweep['torch_threads']}; "
-            f"{sweep_s:.0f} s, not counted in any run):",
-            "",
-            _row(["batch size", *rates.keys()]),
-            _row(["---", *["---:"] * len(rates)]),
-            _row(["sentences/s", *(f"{x:.1f}" for x in rates.values())]),
-            _row(["others' CPU %", *(f"{x:.0f}" for x in sweep["foreign_pct"].values())]),
-            "",
-            f"Best: {sweep['best']}. Timings taken while others used more than "
-            f"{args.max_foreign_pct:g}% of the CPU were retaken (up to {SWEEP_ATTEMPTS - 1} "
-            f"times each): {sweep['retaken']} retakes.",
-            "",
-        ]
-    lines.append("Details per run (seconds):")
-    lines.append("")
-    for r in runs:
-        dt = r.details
-        if r.variant == DOCINTEL:
-            text = (
-                f"start-up (checks, Ray start, model loads) {_fmt(dt['startup_s'], 1)}; stage "
-                f"busy seconds summed over batches (stages overlap): "
-                f"{_stage_text(dt['stage_seconds'])}; backends {dt['backends']}; "
-                f"embed model {dt['embed_model']}"
-            )
-            if dt["errors"]:
-                text += f"; WARNING: {dt['errors']} documents failed"
-        else:
-            text = (
-                f"model load {dt['load_s']:.1f}; {_stage_text(dt['stage_seconds'])}; "
-                f"ru_maxrss {dt['ru_maxrss_mib']:.0f} MiB"
-            )
-        lines.append(f"- pair {r.pair}, {TITLES[r.variant]}: {text}")
-    lines.append("")
-    for v in (STRONGEST, CORPUS_ORDER):
-        if sentences[v] != sentences[DOCINTEL] or tokens[v] != tokens[DOCINTEL]:
-            lines.append(
-                f"- WARNING: {TITLES[v]} counts {sentences[v]:,} sentences / {tokens[v]:,} "
-                f"tokens, docintel {sentences[DOCINTEL]:,} / {tokens[DOCINTEL]:,}"
-            )
-    lines += [f"- {c}" for c in checks]
+
+
+def _sweep_lines(
+    args: argparse.Namespace, sweep: dict[str, Any], sweep_s: float | None
+) -> list[str]:
+    """The strongest loop's batch-size sweep: sentences/s and others' CPU per size."""
+    rates = sweep["sentences_per_s"]
+    return [
+        f"Batch-size sweep of the strongest loop (embedding only; {sweep['sample']:,} "
+        f"sampled sentences, {sweep['sample_tokens']:,} tokens, sorted by token count; "
+        f"best of {sweep['rounds']} rounds; torch threads {sweep['torch_threads']}; "
+        f"{sweep_s:.0f} s, not counted in any run):",
+        "",
+        _row(["batch size", *rates.keys()]),
+        _row(["---", *["---:"] * len(rates)]),
+        _row(["sentences/s", *(f"{x:.1f}" for x in rates.values())]),
+        _row(["others' CPU %", *(f"{x:.0f}" for x in sweep["foreign_pct"].values())]),
+        "",
+        f"Best: {sweep['best']}. Timings taken while others used more than "
+        f"{args.max_foreign_pct:g}% of the CPU were retaken (up to {SWEEP_ATTEMPTS - 1} "
+        f"times each): {sweep['retaken']} retakes.",
+        "",
+    ]
+
+
+def _details_line(r: Run) -> str:
+    """One run's seconds: docintel's start-up and stage busy time, or a loop's stages."""
+    dt = r.details
+    if r.variant == DOCINTEL:
+        text = (
+            f"start-up (checks, Ray start, model loads) {_fmt(dt['startup_s'], 1)}; stage "
+            f"busy seconds summed over batches (stages overlap): "
+            f"{_stage_text(dt['stage_seconds'])}; backends {dt['backends']}; "
+            f"embed model {dt['embed_model']}"
+        )
+        if dt["errors"]:
+            text += f"; WARNING: {dt['errors']} documents failed"
+    else:
+        text = (
+            f"model load {dt['load_s']:.1f}; {_stage_text(dt['stage_seconds'])}; "
+            f"ru_maxrss {dt['ru_maxrss_mib']:.0f} MiB"
+        )
+    return f"- pair {r.pair}, {TITLES[r.variant]}: {text}"
+
+
+def _count_warnings(runs: list[Run]) -> list[str]:
+    """A loop that counted other sentences or tokens than docintel did."""
+    first = _first_runs(runs)
+    ref = first[DOCINTEL]
+    return [
+        f"- WARNING: {TITLES[v]} counts {first[v].sentences:,} sentences / "
+        f"{first[v].tokens:,} tokens, docintel {ref.sentences:,} / {ref.tokens:,}"
+        for v in (STRONGEST, CORPUS_ORDER)
+        if first[v].sentences != ref.sentences or first[v].tokens != ref.tokens
+    ]
+
+
+def report(
+    args: argparse.Namespace,
+    runs: list[Run],
+    corpus_what: str,
+    sweep: dict[str, Any] | None,
+    sweep_s: float | None,
+    batch: int,
+    load: str,
+    checks: list[str],
+) -> str:
+    docs = runs[0].documents
+    sums = {v: summarize(runs, v) for v in VARIANTS}
+    lines = [
+        *_setup_lines(args, runs, corpus_what, sweep, batch, load),
+        *_runs_table(args, runs),
+        "",
+        *_medians_table(sums),
+        "",
+        *_ratio_lines(args, docs, sums),
+        "",
+        *_method_lines(args),
+        *(_sweep_lines(args, sweep, sweep_s) if sweep else []),
+        "Details per run (seconds):",
+        "",
+        *(_details_line(r) for r in runs),
+        "",
+        *_count_warnings(runs),
+        *(f"- {c}" for c in checks),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -1065,10 +1155,8 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def _add_corpus_options(p: argparse.ArgumentParser) -> None:
+    """Which corpus, how large, and how many rounds of the three runs."""
     p.add_argument(
         "--corpus",
         choices=["long", "demo"],
@@ -1101,6 +1189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rounds of docintel, strongest loop, corpus-order loop, run in that order "
         f"(default {DEFAULT_PAIRS}); medians are over the rounds",
     )
+
+
+def _add_loop_options(p: argparse.ArgumentParser) -> None:
+    """The strongest loop's batch-size sweep and threads, and docintel's config."""
     p.add_argument(
         "--batch-sizes",
         default=DEFAULT_BATCH_SIZES,
@@ -1139,6 +1231,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--docintel-config",
         help="TOML config passed to `docintel run --config` (default: docintel's defaults)",
     )
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Contention (waiting for a quiet machine, redoing runs), sampling and outputs."""
     p.add_argument(
         "--wait-idle",
         type=float,
@@ -1176,6 +1272,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder for the cached corpus, outputs, results and logs; kept "
         f"(default {DEFAULT_WORKDIR})",
     )
+
+
+def _add_internal_options(p: argparse.ArgumentParser) -> None:
+    """The options of the subprocesses this script starts (a loop, the sweep)."""
     inner = p.add_argument_group("internal: the subprocesses this script starts")
     inner.add_argument(
         "--loop-only", choices=[STRONGEST, CORPUS_ORDER], help="run only this plain loop"
@@ -1192,7 +1292,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     inner.add_argument(
         "--embed-batch", type=int, default=CORPUS_ORDER_BATCH, help="the loop's batch size"
     )
-    args = p.parse_args(argv)
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Defaults that depend on other options, and the options' bounds (``p.error`` exits)."""
     if args.corpus is None:
         args.corpus = "demo" if args.repeat is not None else "long"
     if args.repeat is None:
@@ -1213,6 +1316,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--sweep-only needs --corpus-file and --result")
     if not (args.loop_only or args.sweep_only) and args.threads == 0:
         args.threads = embed_threads()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _add_corpus_options(p)
+    _add_loop_options(p)
+    _add_run_options(p)
+    _add_internal_options(p)
+    args = p.parse_args(argv)
+    _check_args(p, args)
     return args
 
 

@@ -341,109 +341,126 @@ def fmt_row(cells: list[object]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def report(results: list[dict]) -> str:
+RESULTS_HEADER = [
+    "size",
+    "approach",
+    "planning s",
+    "peak RSS MiB",
+    "RSS growth over baseline MiB",
+    "units",
+    "batches",
+    "baseline RSS MiB",
+    "ru_maxrss before -> after MiB",
+    "id-check temp disk MiB",
+]
+
+
+def _result_row(r: dict) -> str:
+    prep = r["approach"] == "prepare"
+    return fmt_row(
+        [
+            f"{r['size']:,}",
+            r["approach"],
+            f"{r['seconds']:.1f}",
+            f"{mib(peak_kib(r)):.0f}",
+            f"{mib(growth_kib(r)):.0f}",
+            f"{r['units']:,}" if prep else "-",
+            f"{r['batches']:,}" if prep else "-",
+            f"{mib(r['baseline_kib']):.0f}",
+            f"{mib(r['maxrss_before_kib']):.0f} -> {mib(r['maxrss_kib']):.0f}",
+            f"{r['temp_disk_peak'] / MIB:.1f}" if prep else "-",
+        ]
+    )
+
+
+def _growth_lines(results: list[dict]) -> list[str]:
+    """Per approach, the largest size against the smallest: RSS growth, peak and time."""
+    sizes = sorted({r["size"] for r in results})
+    if len(sizes) < 2:
+        return []
+    lo, hi = sizes[0], sizes[-1]
+    lines = [""]
+    for approach in APPROACHES:
+        pair = {r["size"]: r for r in results if r["approach"] == approach}
+        if lo in pair and hi in pair:
+            g = growth_kib(pair[hi]) / max(growth_kib(pair[lo]), 1)
+            p = peak_kib(pair[hi]) / peak_kib(pair[lo])
+            t = pair[hi]["seconds"] / pair[lo]["seconds"]
+            lines.append(
+                f"- {approach}: {hi:,} vs {lo:,} documents ({hi / lo:g}x): RSS growth "
+                f"x{g:.2f}, peak RSS x{p:.2f}, time x{t:.2f}"
+            )
+    return lines
+
+
+def _phase_table(phase_rows: list[dict]) -> list[str]:
+    """``prepare``'s phases: seconds, and VmHWM / VmRSS after each."""
     lines = [
-        fmt_row(
-            [
-                "size",
-                "approach",
-                "planning s",
-                "peak RSS MiB",
-                "RSS growth over baseline MiB",
-                "units",
-                "batches",
-                "baseline RSS MiB",
-                "ru_maxrss before -> after MiB",
-                "id-check temp disk MiB",
-            ]
-        ),
-        fmt_row(["---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"]),
+        "",
+        fmt_row(["size", "phase", "s", "VmHWM after phase MiB", "VmRSS after phase MiB"]),
+        fmt_row(["---:", "---", "---:", "---:", "---:"]),
     ]
-    for r in results:
-        prep = r["approach"] == "prepare"
+    for r in phase_rows:
+        for name in PHASES:
+            ph = r["phases"].get(name)
+            if ph:
+                lines.append(
+                    fmt_row(
+                        [
+                            f"{r['size']:,}",
+                            name,
+                            f"{ph['s']:.2f}",
+                            f"{mib(ph['hwm_kib']):.0f}",
+                            f"{mib(ph['rss_kib']):.0f}",
+                        ]
+                    )
+                )
+    return lines
+
+
+PLAN_SIZE_HEADER = [
+    "size",
+    "files",
+    "units",
+    "batches",
+    "units deep size KiB",
+    "bytes/unit",
+    "bytes/batch",
+    "files deep size KiB",
+]
+
+
+def _plan_size_table(phase_rows: list[dict]) -> list[str]:
+    """The deep size of ``prepare``'s unit and file lists, per unit and per batch."""
+    lines = ["", fmt_row(PLAN_SIZE_HEADER), fmt_row(["---:"] * 8)]
+    for r in phase_rows:
         lines.append(
             fmt_row(
                 [
                     f"{r['size']:,}",
-                    r["approach"],
-                    f"{r['seconds']:.1f}",
-                    f"{mib(peak_kib(r)):.0f}",
-                    f"{mib(growth_kib(r)):.0f}",
-                    f"{r['units']:,}" if prep else "-",
-                    f"{r['batches']:,}" if prep else "-",
-                    f"{mib(r['baseline_kib']):.0f}",
-                    f"{mib(r['maxrss_before_kib']):.0f} -> {mib(r['maxrss_kib']):.0f}",
-                    f"{r['temp_disk_peak'] / MIB:.1f}" if prep else "-",
+                    r["files"],
+                    f"{r['units']:,}",
+                    f"{r['batches']:,}",
+                    f"{r['units_bytes'] / 1024:.0f}",
+                    f"{r['units_bytes'] / max(r['units'], 1):,.0f}",
+                    f"{r['units_bytes'] / max(r['batches'], 1):,.0f}",
+                    f"{r['files_bytes'] / 1024:.0f}",
                 ]
             )
         )
-    sizes = sorted({r["size"] for r in results})
-    if len(sizes) > 1:
-        lo, hi = sizes[0], sizes[-1]
-        lines.append("")
-        for approach in APPROACHES:
-            pair = {r["size"]: r for r in results if r["approach"] == approach}
-            if lo in pair and hi in pair:
-                g = growth_kib(pair[hi]) / max(growth_kib(pair[lo]), 1)
-                p = peak_kib(pair[hi]) / peak_kib(pair[lo])
-                t = pair[hi]["seconds"] / pair[lo]["seconds"]
-                lines.append(
-                    f"- {approach}: {hi:,} vs {lo:,} documents ({hi / lo:g}x): RSS growth "
-                    f"x{g:.2f}, peak RSS x{p:.2f}, time x{t:.2f}"
-                )
+    return lines
+
+
+def report(results: list[dict]) -> str:
+    lines = [
+        fmt_row(RESULTS_HEADER),
+        fmt_row(["---:", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"]),
+        *(_result_row(r) for r in results),
+        *_growth_lines(results),
+    ]
     phase_rows = [r for r in results if r["approach"] == "prepare"]
     if phase_rows:
-        lines += [
-            "",
-            fmt_row(["size", "phase", "s", "VmHWM after phase MiB", "VmRSS after phase MiB"]),
-        ]
-        lines.append(fmt_row(["---:", "---", "---:", "---:", "---:"]))
-        for r in phase_rows:
-            for name in PHASES:
-                ph = r["phases"].get(name)
-                if ph:
-                    lines.append(
-                        fmt_row(
-                            [
-                                f"{r['size']:,}",
-                                name,
-                                f"{ph['s']:.2f}",
-                                f"{mib(ph['hwm_kib']):.0f}",
-                                f"{mib(ph['rss_kib']):.0f}",
-                            ]
-                        )
-                    )
-        lines += [
-            "",
-            fmt_row(
-                [
-                    "size",
-                    "files",
-                    "units",
-                    "batches",
-                    "units deep size KiB",
-                    "bytes/unit",
-                    "bytes/batch",
-                    "files deep size KiB",
-                ]
-            ),
-        ]
-        lines.append(fmt_row(["---:"] * 8))
-        for r in phase_rows:
-            lines.append(
-                fmt_row(
-                    [
-                        f"{r['size']:,}",
-                        r["files"],
-                        f"{r['units']:,}",
-                        f"{r['batches']:,}",
-                        f"{r['units_bytes'] / 1024:.0f}",
-                        f"{r['units_bytes'] / max(r['units'], 1):,.0f}",
-                        f"{r['units_bytes'] / max(r['batches'], 1):,.0f}",
-                        f"{r['files_bytes'] / 1024:.0f}",
-                    ]
-                )
-            )
+        lines += [*_phase_table(phase_rows), *_plan_size_table(phase_rows)]
     return "\n".join(lines)
 
 
@@ -457,7 +474,7 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description="Peak driver memory and time of planning a run (docintel.pipeline.plan."
         "prepare: model checks, file listing, footers, work units, id check) against the "
@@ -493,23 +510,23 @@ def main() -> None:
     ap.add_argument("--child", choices=("build", *APPROACHES), help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--tmp-dir", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
 
-    if args.child:
-        if args.child == "build":
-            out = {"folder": str(build_inputs(args.workdir, args.sizes[0], args.files))}
-        elif args.child == "prepare":
-            out = child_prepare(args.folder, args.tmp_dir)
-        else:
-            out = child_counter(args.folder)
-        print(RESULT_PREFIX + json.dumps(out), flush=True)
-        return
 
-    approaches = [a.strip() for a in args.approaches.split(",") if a.strip()]
-    if not approaches or any(a not in APPROACHES for a in approaches):
-        ap.error(f"--approaches: choose from {', '.join(APPROACHES)}")
-    if args.files < 1 or min(args.sizes) < args.files:
-        ap.error("--files must be at least 1 and at most the smallest size")
+def _child_main(args: argparse.Namespace) -> None:
+    """In a child: build the inputs, or run one approach; the result as a RESULT line."""
+    if args.child == "build":
+        out = {"folder": str(build_inputs(args.workdir, args.sizes[0], args.files))}
+    elif args.child == "prepare":
+        out = child_prepare(args.folder, args.tmp_dir)
+    else:
+        out = child_counter(args.folder)
+    print(RESULT_PREFIX + json.dumps(out), flush=True)
+
+
+def _measure(args: argparse.Namespace, approaches: list[str]) -> list[dict]:
+    """Every approach at every size, each in a fresh child, the inputs built (or reused)
+    by a child first."""
     results = []
     for n in args.sizes:
         where = ["--workdir", str(args.workdir), "--sizes", str(n), "--files", str(args.files)]
@@ -527,6 +544,22 @@ def main() -> None:
                 f"(baseline {mib(r['baseline_kib']):.0f} MiB)"
             )
             results.append(r)
+    return results
+
+
+def main() -> None:
+    ap = _parser()
+    args = ap.parse_args()
+    if args.child:
+        _child_main(args)
+        return
+
+    approaches = [a.strip() for a in args.approaches.split(",") if a.strip()]
+    if not approaches or any(a not in APPROACHES for a in approaches):
+        ap.error(f"--approaches: choose from {', '.join(APPROACHES)}")
+    if args.files < 1 or min(args.sizes) < args.files:
+        ap.error("--files must be at least 1 and at most the smallest size")
+    results = _measure(args, approaches)
     print(report(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
