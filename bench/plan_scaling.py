@@ -76,6 +76,8 @@ DISK_SAMPLE_S = 0.05
 MIB = 1024 * 1024
 RESULT_PREFIX = "RESULT "
 PHASES = ("check_models", "resolve_input", "split_readable", "plan", "check_ids")
+# the function of docintel.pipeline.plan each phase times, where its name differs
+PHASE_FUNCTIONS = {"plan": "plan_sized"}
 
 
 # --------------------------------------------------------------------------------------
@@ -221,7 +223,8 @@ def child_prepare(folder: Path, tmp_root: Path) -> dict:
         return wrapper
 
     for name in PHASES:  # prepare() looks these up in its module's globals
-        setattr(plan_mod, name, timed(name, getattr(plan_mod, name)))
+        fn = PHASE_FUNCTIONS.get(name, name)
+        setattr(plan_mod, fn, timed(name, getattr(plan_mod, fn)))
     cfg = load_config(None, {"run.show_progress": False})
     tmp_root.mkdir(parents=True, exist_ok=True)
     tempfile.tempdir = str(tmp_root)  # where check_ids spills its hash buckets
