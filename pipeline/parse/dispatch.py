@@ -40,8 +40,9 @@ def _parse(name: str, data: bytes, limits: ParseLimits, depth: int) -> list[Pars
         )
     if not data.strip():
         raise EmptyFile(name, "the file is empty", "remove it from the input, or fill it")
-    fmt, note = detect.choose(name, data)
+    fmt, note = "unknown", None
     try:
+        fmt, note = detect.choose(name, data)
         docs = _by_format(name, data, fmt, limits, depth)
     except (ParseError, MemoryError):
         raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+import zlib
 
 from docintel.pipeline.parse.errors import CorruptFile, NotAZip, ZipBomb
 
@@ -33,7 +34,7 @@ def open_zip(name: str, data: bytes) -> zipfile.ZipFile:
     """The archive; NotAZip or CorruptFile when the bytes are not a readable zip."""
     try:
         return zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError, OSError):
         if not data.startswith(b"PK"):
             raise NotAZip(
                 name,
@@ -72,7 +73,7 @@ def inflate_all(name: str, zf: zipfile.ZipFile, max_bytes: int) -> None:
                     total += len(chunk)
                     if seen > info.file_size or total > max_bytes:
                         raise _bomb(name, f"{info.filename} inflates past its declared size")
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as e:
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as e:
             raise CorruptFile(
                 name, f"member {info.filename} is damaged ({e})", "fetch or save the file again"
             ) from None
