@@ -79,15 +79,23 @@ def _load(name: str, content: bytes | str) -> etree._Element:
     return tree
 
 
-def html_text(name: str, content: bytes | str | etree._Element) -> str:
-    """The main text of an HTML page or fragment (an e-mail's HTML part)."""
-    tree = content if isinstance(content, etree._Element) else _load(name, content)
+def _main_text(tree: etree._Element) -> tuple[str, str | None]:
+    """(the main text, its first heading or None)."""
     xml = _extract(tree, recall=False) or _extract(tree, recall=True)
     if xml is None:  # too little text for trafilatura's heuristics (a short e-mail)
         body = tree.find(".//body")  # not the <head>: its <title> is not text
-        return trafilatura.html2txt(body).strip() if body is not None else ""
+        return (trafilatura.html2txt(body).strip() if body is not None else ""), None
     main = etree.fromstring(xml.encode("utf-8")).find("main")
-    return "\n\n".join(_blocks(main)) if main is not None else ""
+    if main is None:
+        return "", None
+    heading = main.find(".//head")
+    first = _inline(heading) if heading is not None else ""
+    return "\n\n".join(_blocks(main)), first or None
+
+
+def html_text(name: str, content: bytes | str) -> str:
+    """The main text of an HTML page or fragment (an e-mail's HTML part)."""
+    return _main_text(_load(name, content))[0]
 
 
 def html_title(tree: etree._Element) -> str | None:
@@ -99,10 +107,11 @@ def html_title(tree: etree._Element) -> str | None:
 
 
 def parse_html(name: str, data: bytes) -> ParsedDocument:
-    """An HTML file as one document."""
+    """An HTML file as one document; its title is the ``<title>``, else the main
+    content's first heading."""
     tree = _load(name, data)
     title = html_title(tree)  # first: extraction prunes the tree it is given
-    text = html_text(name, tree)
+    text, heading = _main_text(tree)
     if not text.strip():
         raise EmptyFile(name, "the page has no main text", "check it renders text, not only script")
-    return ParsedDocument("", text, HTML, title=title)
+    return ParsedDocument("", text, HTML, title=title or heading)

@@ -65,3 +65,9 @@ def test_declared_charset_is_honoured() -> None:
 def test_page_without_text_is_empty(page: bytes) -> None:
     with pytest.raises(EmptyFile, match=r"^page\.html: "):
         parse_file("page.html", page)
+
+
+def test_page_without_title_takes_its_first_heading() -> None:
+    page = news_html().data.replace(b"<title>", b"<!--").replace(b"</title>", b"-->")
+    [doc] = parse_file("rates.html", page)
+    assert doc.title == ARTICLE[0]
