@@ -5,6 +5,7 @@ text layer are read by OCR (:mod:`.ocr`) when asked, else refused (NoTextLayer).
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +25,13 @@ from docintel.pipeline.parse.model import PDF, ParsedDocument, ParseLimits
 # A complete PDF ends with %%EOF; some producers append a few bytes after it (a newline,
 # padding), so it is looked for in the last 2 KiB.
 EOF_WINDOW = 2048
+# A heading's line is set this much larger than the body's (Chromium's h1 is 2x, h2 1.5x;
+# Word's Title 2.3x, Heading 1 1.3x); a title longer than MAX_TITLE_CHARS is a paragraph.
+HEADING_SCALE = 1.25
+MAX_TITLE_CHARS = 200
+_FILE_NAME = re.compile(
+    r"^(microsoft \w+ - )?.*\.(html?|pdf|docx?|odt|rtf|txt|md|xlsx?|pptx?)$", re.IGNORECASE
+)
 _FPDF_ERR_PASSWORD = 4  # PDFium's FPDF_ERR_PASSWORD
 _LINE_BREAKS = "\r\n"
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ufffe\uffff]")
@@ -153,7 +161,9 @@ def parse_pdf(name: str, data: bytes, limits: ParseLimits) -> ParsedDocument:
             _no_text_layer(name, blank, n_pages, notes)
         title = _title(pdf)
     keep = layout.hyphenated_words(pages)
-    text, spans = layout.assemble([layout.page_text(p, keep) for p in layout.drop_running(pages)])
+    pages = layout.drop_running(pages)
+    text, spans = layout.assemble([layout.page_text(p, keep) for p in pages])
+    title = title or first_heading(pages)
     return ParsedDocument(
         "", text, PDF, pages=spans, title=title, n_pages=n_pages, notes=tuple(notes)
     )
@@ -169,8 +179,22 @@ def _no_text_layer(name: str, blank: list[int], n_pages: int, notes: list[str]) 
 
 
 def _title(pdf: pdfium.PdfDocument) -> str | None:
+    """The metadata title, unless it is only a file name (what Chromium writes for a page
+    without <title>, Word's "Microsoft Word - memo.docx")."""
     try:
-        title = pdf.get_metadata_value("Title")
+        title = _SPACES.sub(" ", pdf.get_metadata_value("Title")).strip()
     except pdfium.PdfiumError:
         return None
-    return _SPACES.sub(" ", title).strip() or None
+    return None if not title or _FILE_NAME.match(title) else title
+
+
+def first_heading(pages: list[Page]) -> str | None:
+    """The first line of the first page with text set HEADING_SCALE times larger than
+    the page's usual line, or None: the title of a PDF without a metadata title."""
+    for page in pages:
+        if not page.lines:
+            continue
+        usual = statistics.median(ln.height for ln in page.lines)
+        big = [ln for ln in page.lines if ln.height >= HEADING_SCALE * usual]
+        return big[0].text if big and len(big[0].text) <= MAX_TITLE_CHARS else None
+    return None

@@ -25,6 +25,9 @@ from tests.data_make.parse_files import (
     Made,
     encrypted_pdf,
     memo_docx,
+    paragraphs,
+    print_pdf,
+    report_html,
     report_pdf,
 )
 
@@ -85,6 +88,16 @@ def test_two_columns_read_in_order(two_columns: Made) -> None:
     print(f"pdf two-column recall {recall:.3f}")
     assert recall >= 0.97
     assert doc.text.split("\n\n") == two_columns.paragraphs  # a paragraph across columns too
+
+
+def test_pdf_without_title_takes_its_first_heading(tmp_path: Path) -> None:
+    pages = [("Quarterly statement", paragraphs(2, seed=5))]
+    data = print_pdf(report_html(pages, title=""), tmp_path, "untitled")
+    import pypdfium2 as pdfium
+
+    assert pdfium.PdfDocument(data).get_metadata_value("Title") == "untitled.html"  # Chromium's
+    [doc] = parse_file("untitled.pdf", data)
+    assert doc.title == "Quarterly statement"
 
 
 def test_truncated_pdf(report: Made) -> None:
