@@ -537,9 +537,10 @@ def code_version() -> str:
     return f"code: commit {head}; {where} {state}"
 
 
-def report(args: argparse.Namespace, small: Run, big: Run, load: str, kept: Path | None) -> str:
+def _setup_lines(args: argparse.Namespace, small: Run, big: Run, load: str) -> list[str]:
+    """The report's title and set-up: machine, code, load, commands, corpora."""
     ns, nb = small.corpus.name, big.corpus.name
-    lines = [
+    return [
         f"# docintel memory scaling: {ns} ({small.documents:,} documents) vs {nb} "
         f"({big.documents:,} documents)",
         "",
@@ -552,6 +553,13 @@ def report(args: argparse.Namespace, small: Run, big: Run, load: str, kept: Path
         f"files of {args.docs_per_file} documents in row groups of {ROW_GROUP_DOCS}; {nb} is "
         f"{args.factor} copies of {ns}'s files with unique ids",
         "",
+    ]
+
+
+def report(args: argparse.Namespace, small: Run, big: Run, load: str, kept: Path | None) -> str:
+    ns, nb = small.corpus.name, big.corpus.name
+    lines = [
+        *_setup_lines(args, small, big, load),
         *main_table(small, big),
         "",
         *verdict(small, big),
