@@ -88,8 +88,8 @@ WorkingDirOpt = Annotated[
         "--working-dir",
         help="Ship this project source folder with the job (never secrets such as .env, "
         "keys or credential files, whatever .gitignore says, nor symlinks, .venv, .git, "
-        "outputs, caches; --dry-run lists it), its code laid out as the docintel.* "
-        "namespace, for clusters "
+        "tests, bench, outputs, caches; at most \\[job] max_working_dir_mb; --dry-run "
+        "lists it), its code laid out as the docintel.* namespace, for clusters "
         "whose nodes have the dependencies but not this code. Default: ship only the "
         "config; the cluster's image has docintel installed (infra/).",
         exists=True,
@@ -157,6 +157,7 @@ def submit(
         if dry_run:
             _dry_run(req)
             return
+        jobs.check_size(req, jobs.plan_job(req))  # over the cap: exit 2, no cluster asked
         client = jobs.connect(addr)
         with tempfile.TemporaryDirectory(prefix="docintel-job-") as staging:
             job_id = jobs.submit(client, req, Path(staging), _say_shipped(req))
@@ -185,13 +186,16 @@ def _dry_run(req: JobRequest) -> None:
         line = f"left out {safe(left.path)} ({safe(left.reason)})"
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     source = f"{safe(plan.root)} and " if plan.root is not None else ""
+    cap = req.config.job.max_working_dir_mb
     console.print(
         f"dry run: {len(plan.ship):,} files would ship ({source}the config as "
-        f"{jobs.JOB_CONFIG_NAME}), {len(plan.left_out):,} paths left out; nothing submitted",
+        f"{jobs.JOB_CONFIG_NAME}), {plan.bytes / jobs.MB:,.2f} MB (cap {cap:g} MB), "
+        f"{len(plan.left_out):,} paths left out; nothing submitted",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+    jobs.check_size(req, plan)  # over the cap: exit 2, as the real submit would
 
 
 def _say_shipped(req: JobRequest) -> Callable[[StagedDir], None]:

@@ -225,9 +225,33 @@ def plan_job(req: JobRequest) -> Plan:
     plan = plan_working_dir(root)
     if JOB_CONFIG_NAME in plan.ship:
         plan.ship.remove(JOB_CONFIG_NAME)
+        plan.bytes -= (root / JOB_CONFIG_NAME).lstat().st_size
         plan.left_out.append(LeftOut(JOB_CONFIG_NAME, "replaced by the job's config"))
     plan.ship.append(JOB_CONFIG_NAME)
     return plan
+
+
+MB = 1_000_000  # [job] max_working_dir_mb and the sizes printed are in 10^6 bytes
+
+
+def max_ship_bytes(req: JobRequest) -> int:
+    """The most bytes --working-dir may ship: ``[job] max_working_dir_mb``."""
+    return int(req.config.job.max_working_dir_mb * MB)
+
+
+def check_size(req: JobRequest, plan: Plan) -> None:
+    """UsageError (exit 2) naming the cap and the size when ``plan`` ships more than
+    ``[job] max_working_dir_mb``: checked before anything is copied or uploaded."""
+    cap = req.config.job.max_working_dir_mb
+    if plan.root is None or plan.bytes <= max_ship_bytes(req):
+        return
+    where = f"in {req.config_path}" if req.config_path else "in the config (--config)"
+    raise UsageError(
+        f"--working-dir {plan.root} would ship {plan.bytes / MB:,.2f} MB, over the cap of "
+        f"{cap:g} MB ([job] max_working_dir_mb); list large files in its .rayignore "
+        "(`docintel submit --dry-run` shows what ships), keep data on s3://, or raise "
+        f"[job] max_working_dir_mb {where}"
+    )
 
 
 def stage_working_dir(req: JobRequest, dest: Path) -> StagedDir:
@@ -235,18 +259,23 @@ def stage_working_dir(req: JobRequest, dest: Path) -> StagedDir:
     filtered copy of --working-dir when given. ``dest`` must not exist yet.
 
     The copy follows ``plan_job``: never secrets (the deny list of jobs/workdir.py, which
-    no ignore file overrides) or symlinks, nor ``.git/``, ``.venv/``, outputs, caches and
-    what the folder's .gitignore / .rayignore list. The code folders are laid out as the
+    no ignore file overrides, and JSON private keys) or symlinks, nor ``.git/``,
+    ``.venv/``, ``tests/``, ``bench/``, outputs, caches and what the folder's .gitignore /
+    .rayignore list; more than ``[job] max_working_dir_mb`` is refused (UsageError)
+    before anything is copied. The code folders are laid out as the
     installed namespace (``pipeline/`` becomes ``docintel/pipeline/``...), so the job's
     ``python -m docintel.jobs.batch`` and every worker import the shipped code from the
     working directory, which Ray puts first on their path; the rest (data, relative
     inputs) keeps its place."""
     plan = plan_job(req)
+    check_size(req, plan)
     staged = StagedDir(dest, left_out=[x.path for x in plan.left_out])
     dest.mkdir(parents=True)
     if plan.root is not None:
         plan.ship.remove(JOB_CONFIG_NAME)  # written below, from the config
-        staged.files, staged.bytes = copy_plan(plan, dest)
+        copied = copy_plan(plan, dest, max_ship_bytes(req))
+        staged.files, staged.bytes = copied.files, copied.bytes
+        staged.left_out += [x.path for x in copied.left_out]
         for pkg, folder in _package_dirs(plan.root).items():
             if (dest / folder).is_dir():
                 target = dest.joinpath(*pkg.split("."))

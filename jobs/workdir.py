@@ -6,18 +6,22 @@ holder of the cluster's token to read, so the rules are one-way:
 - **Secrets never ship.** ``DENY`` (and ``NEVER``: VCS data, virtualenvs) is checked
   first, on the path lower-cased, and nothing overrides it: the folder's ``.gitignore`` /
   ``.rayignore`` can only leave more out (a ``!.env`` or ``!*.pem`` there changes
-  nothing).
+  nothing). A ``*.json`` file holding a ``"private_key"`` field (a GCP service-account
+  key, whatever its name) is left out too, checked when planning and again while copying.
 - **Symlinks never ship**, to files or folders, inside the folder or not. Checking a link's
   target against the rules would leave a window between the check and the upload in
   which the link can change, and a target inside the folder ships anyway under its own
-  name; so the rule has no exception to get wrong. Files are opened with ``O_NOFOLLOW``
-  when copied, so a file swapped for a link after planning fails the staging instead of
-  shipping what the link names.
-- Virtualenvs, outputs and caches (``EXCLUDES``) and what the ignore files list are left
-  out too; unlike the deny list, the ignore files may re-include those.
+  name; so the rule has no exception to get wrong. Files are copied by opening every
+  component of their path with ``O_NOFOLLOW`` from the folder down, so a file or folder
+  swapped for a link after planning fails the staging instead of shipping what the link
+  names.
+- Tests, benchmarks, outputs and caches (``EXCLUDES``) and what the ignore files list are
+  left out too; unlike the deny list, the ignore files may re-include those.
+- **The size is capped**: ``copy_plan`` stops at ``max_bytes`` (`docintel submit` checks
+  the plan's total against ``[job] max_working_dir_mb`` before copying).
 
-``plan_working_dir`` returns every path with its fate, which `docintel submit --dry-run`
-prints and ``copy_plan`` carries out.
+``plan_working_dir`` returns every path with its fate and the total size, which `docintel
+submit --dry-run` prints and ``copy_plan`` carries out.
 """
 
 from __future__ import annotations
@@ -54,6 +58,22 @@ DENY = (
     # npm / yarn, PostgreSQL, kubeconfig, Ray's token file, Terraform state)
     "credentials",
     "credentials.json",
+    # cloud and tool configs that hold keys or tokens: pyiceberg (where docintel's own
+    # messages put Iceberg credentials), s3cmd, boto, Databricks, Vault, rclone, Streamlit,
+    # Hugging Face, PuTTY keys, legacy Docker and Terraform CLI tokens
+    ".pyiceberg.yaml",
+    ".s3cfg",
+    ".boto",
+    ".databrickscfg",
+    ".vault-token",
+    "rclone.conf",
+    "**/.streamlit/secrets.toml",
+    "**/.huggingface/token",
+    "**/huggingface/token",
+    "*.ppk",
+    ".dockercfg",
+    ".terraformrc",
+    "terraform.rc",
     ".git-credentials",
     ".netrc",
     "_netrc",
@@ -84,6 +104,8 @@ DENY = (
 NEVER = (".git/", ".hg/", ".svn/", ".venv/", "venv/")
 # Left out by default; the ignore files may re-include these (they hold no secrets).
 EXCLUDES = (
+    "/tests/",
+    "/bench/",
     "/demo-out/",
     "/out/",
     "/models/int8/",
@@ -98,6 +120,13 @@ EXCLUDES = (
 # Read from the --working-dir root, in .gitignore syntax, after EXCLUDES.
 IGNORE_FILES = (".gitignore", ".rayignore")
 SYMLINK_REASON = "symlink: never shipped; a target inside the folder ships under its own name"
+# A *.json file holding this field is a private key (a GCP service-account key file).
+PRIVATE_KEY = b'"private_key"'
+PRIVATE_KEY_REASON = (
+    'secret: a JSON file with a "private_key" field (a service-account key); never shipped, '
+    "whatever the ignore files say"
+)
+_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -115,6 +144,17 @@ class Plan:
 
     root: Path | None
     ship: list[str] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+    bytes: int = 0  # the files that ship, by their size when planned
+
+
+@dataclass
+class Copied:
+    """What ``copy_plan`` copied, and the planned files it left out after all (a JSON
+    file that turned out to hold a private key while being copied)."""
+
+    files: int = 0
+    bytes: int = 0
     left_out: list[LeftOut] = field(default_factory=list)
 
 
@@ -157,8 +197,8 @@ class _Rules:
         return f"{source}: {pattern!r}"
 
 
-def _reason(rules: _Rules, rel: str, mode: int) -> str | None:
-    """Why the entry at ``rel`` (``lstat`` mode) does not ship; None if it does."""
+def _reason(rules: _Rules, rel: str, mode: int, path: Path) -> str | None:
+    """Why the entry at ``rel`` (``path``; ``lstat`` mode) does not ship; None if it does."""
     where = f"{rel}/" if stat.S_ISDIR(mode) else rel
     denied = rules.denied(where)
     if denied:
@@ -167,11 +207,46 @@ def _reason(rules: _Rules, rel: str, mode: int) -> str | None:
         return SYMLINK_REASON
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         return "not a regular file (FIFO, socket or device)"
-    return rules.ignored(where)
+    ignored = rules.ignored(where)
+    if ignored or not _checks_content(rel):
+        return ignored
+    return _private_key(path)
+
+
+def _private_key(path: Path) -> str | None:
+    """PRIVATE_KEY_REASON when the file holds a private key (or cannot be read to tell)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return f"cannot read it to check for a private key ({e.strerror}); not shipped"
+    with os.fdopen(fd, "rb") as f:
+        scan = _KeyScan()
+        while chunk := f.read(_CHUNK):
+            if scan.feed(chunk):
+                return PRIVATE_KEY_REASON
+    return None
+
+
+def _checks_content(rel: str) -> bool:
+    """Whether the file at ``rel`` is read for a private key before it ships."""
+    return rel.lower().endswith(".json")
+
+
+class _KeyScan:
+    """Finds ``PRIVATE_KEY`` in a stream of chunks, also across two chunks."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        seen = self.tail + chunk
+        self.tail = seen[-(len(PRIVATE_KEY) - 1) :]
+        return PRIVATE_KEY in seen
 
 
 def plan_working_dir(root: Path) -> Plan:
-    """What shipping ``root`` would send: nothing is read but names and ``lstat``."""
+    """What shipping ``root`` would send: nothing is read but names, ``lstat`` and the
+    content of ``*.json`` files (for a private key)."""
     rules, plan = _Rules(root), Plan(root)
 
     def unreadable(e: OSError) -> None:
@@ -185,7 +260,7 @@ def plan_working_dir(root: Path) -> Plan:
         for d in sorted(dirs):
             where = (rel / d).as_posix()
             mode = os.lstat(base / d).st_mode
-            reason = _reason(rules, where, mode)
+            reason = _reason(rules, where, mode, base / d)
             if reason:
                 plan.left_out.append(LeftOut(f"{where}/", reason))
             else:
@@ -193,40 +268,77 @@ def plan_working_dir(root: Path) -> Plan:
         dirs[:] = kept
         for name in sorted(files):
             where = (rel / name).as_posix()
-            reason = _reason(rules, where, os.lstat(base / name).st_mode)
+            st = os.lstat(base / name)
+            reason = _reason(rules, where, st.st_mode, base / name)
             if reason:
                 plan.left_out.append(LeftOut(where, reason))
             else:
                 plan.ship.append(where)
+                plan.bytes += st.st_size
     return plan
 
 
-def _copy_nofollow(src: Path, target: Path) -> int:
-    """Copy the regular file ``src`` (never through a symlink) to ``target``; its size."""
+def _open_beneath(root: Path, rel: str) -> int:
+    """A read-only descriptor of the regular file ``rel`` under ``root``, every component
+    of ``rel`` opened with ``O_NOFOLLOW`` relative to its folder: a symlink anywhere on
+    the way (a folder swapped for a link after planning) fails the open (OSError)."""
+    *folders, name = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        for part in folders:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_nofollow(root: Path, rel: str, target: Path, budget: int) -> int | None:
+    """Copy the regular file ``rel`` under ``root`` (never through a symlink) to
+    ``target``: its size, or None when it turned out to hold a private key (``target``
+    removed). More than ``budget`` bytes: UsageError."""
+    try:
+        fd = _open_beneath(root, rel)
     except OSError as e:
         raise UsageError(
-            f"--working-dir: cannot read {src} ({e.strerror}); it changed while being "
-            "staged (a symlink now?). Nothing was submitted; check it and rerun"
+            f"--working-dir: cannot read {root / rel} ({e.strerror}); it changed while "
+            "being staged (a symlink now?). Nothing was submitted; check it and rerun"
         ) from e
+    scan = _KeyScan() if _checks_content(rel) else None
     with os.fdopen(fd, "rb") as f, target.open("xb") as out:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UsageError(f"--working-dir: {src} is no longer a regular file; rerun")
-        size = 0
-        while chunk := f.read(1024 * 1024):
+            raise UsageError(f"--working-dir: {root / rel} is no longer a regular file; rerun")
+        size, key = 0, False
+        while chunk := f.read(_CHUNK):
+            key = scan is not None and scan.feed(chunk)
+            if key:
+                break
             out.write(chunk)
             size += len(chunk)
+            if size > budget:
+                raise UsageError(
+                    f"--working-dir: {root / rel} grew while being staged, past the size "
+                    "cap; nothing was submitted; rerun"
+                )
+    if key:
+        target.unlink()
+        return None
     return size
 
 
-def copy_plan(plan: Plan, dest: Path) -> tuple[int, int]:
-    """Copy the files ``plan`` ships under ``dest``; (files, bytes) copied."""
+def copy_plan(plan: Plan, dest: Path, max_bytes: int) -> Copied:
+    """Copy the files ``plan`` ships under ``dest``; UsageError past ``max_bytes``."""
+    copied = Copied()
     if plan.root is None:
-        return 0, 0
-    total = 0
+        return copied
     for where in plan.ship:
         target = dest / where
         target.parent.mkdir(parents=True, exist_ok=True)
-        total += _copy_nofollow(plan.root / where, target)
-    return len(plan.ship), total
+        size = _copy_nofollow(plan.root, where, target, max_bytes - copied.bytes)
+        if size is None:
+            copied.left_out.append(LeftOut(where, PRIVATE_KEY_REASON))
+            continue
+        copied.files += 1
+        copied.bytes += size
+    return copied

@@ -472,6 +472,9 @@ class JobConfig(_Strict):
 
     input: str = ""
     output: str = ""
+    # `docintel submit --working-dir` ships at most this many MB (10^6 bytes) of files;
+    # more is refused (exit 2) before anything is copied or uploaded.
+    max_working_dir_mb: float = Field(100.0, gt=0)
 
 
 class AuditConfig(_Strict):
