@@ -101,8 +101,9 @@ DryRunOpt = Annotated[
     typer.Option(
         "--dry-run",
         help="Check the config and list what the job's working directory would hold, one "
-        "line per path: 'ship PATH' or 'left out PATH (reason)'; submit nothing and "
-        "contact no cluster.",
+        "line per path: 'ship PATH' or 'left out PATH (reason)', then the code the config "
+        "makes the job import: 'imports MODULE (why)'; submit nothing and contact no "
+        "cluster.",
     ),
 ]
 FollowOpt = Annotated[
@@ -176,7 +177,8 @@ def submit(
 
 
 def _dry_run(req: JobRequest) -> None:
-    """List the working directory's fate, path by path (stdout), and a summary (stderr)."""
+    """List the working directory's fate, path by path, and the code the config makes the
+    job import (stdout), then a summary (stderr); over the size cap: exit 2."""
     from docintel.jobs import submit as jobs
 
     plan = jobs.plan_job(req)
@@ -184,6 +186,9 @@ def _dry_run(req: JobRequest) -> None:
         out.print(f"ship {safe(path)}", highlight=False, markup=False, soft_wrap=True)
     for left in plan.left_out:
         line = f"left out {safe(left.path)} ({safe(left.reason)})"
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    for module, why in jobs.job_imports(req.config):  # code the config makes the job load
+        line = f"imports {safe(module)} ({safe(why)})"
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     source = f"{safe(plan.root)} and " if plan.root is not None else ""
     cap = req.config.job.max_working_dir_mb

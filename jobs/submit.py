@@ -254,6 +254,33 @@ def check_size(req: JobRequest, plan: Plan) -> None:
     )
 
 
+def job_imports(cfg: Config) -> list[tuple[str, str]]:
+    """(module, why) for the code outside docintel that the job's config makes it load,
+    in config order: the module of each ``module:Class`` entry of ``[pipeline] stages``,
+    the module an entry point name of the group ``docintel.stages`` points to (as
+    installed here; the cluster's installed one decides), and the spaCy pipeline of
+    ``[sentencize] spacy_model`` unless it is a blank one. Nothing is imported."""
+    import importlib.metadata
+
+    from docintel.pipeline.registry import BUILTIN_NAMES, ENTRY_POINT_GROUP
+
+    found: list[tuple[str, str]] = []
+    for entry in cfg.pipeline.stages:
+        if entry in BUILTIN_NAMES:
+            continue
+        if ":" in entry:
+            found.append((entry.partition(":")[0], f"stage {entry}, [pipeline] stages"))
+            continue
+        points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=entry)
+        module = next(iter(points)).module if points else entry
+        where = "" if points else "; not installed here, the cluster's decides"
+        found.append((module, f"stage entry point {entry!r}, [pipeline] stages{where}"))
+    spacy_model = cfg.sentencize.spacy_model
+    if not spacy_model.startswith("blank:"):
+        found.append((spacy_model, "spaCy pipeline, [sentencize] spacy_model"))
+    return found
+
+
 def stage_working_dir(req: JobRequest, dest: Path) -> StagedDir:
     """Fill ``dest`` with the job's working directory: the config as job.toml, plus a
     filtered copy of --working-dir when given. ``dest`` must not exist yet.

@@ -171,3 +171,33 @@ def test_a_file_that_grows_past_the_cap_while_copying_is_refused(tmp_path: Path)
     (src / "data" / "notes.md").write_bytes(b"x" * 50_000)  # planned at 5 bytes
     with pytest.raises(UsageError, match="grew while being staged"):
         copy_plan(plan, tmp_path / "dest", plan.bytes + 1_000)
+
+
+def test_dry_run_lists_the_code_the_config_makes_the_job_import(tmp_path: Path) -> None:
+    """Issue 31 item 12: a config is code; --dry-run names each module it would load,
+    without importing any of them."""
+    from docintel.jobs.cli import app
+
+    src = _project(tmp_path / "project")
+    marker = tmp_path / "imported"
+    (tmp_path / "mystages.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    stages = '["sentencize", "mystages:Redact", "embed", "classify", "acme_entities"]'
+    config = _config(
+        tmp_path / "job.toml",
+        f'[pipeline]\nstages = {stages}\n[sentencize]\nspacy_model = "en_core_web_sm"\n',
+    )
+    args = ["submit", "-c", str(config), "--working-dir", str(src), "--dry-run"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    imports = [line for line in r.stdout.splitlines() if line.startswith("imports ")]
+    assert imports == [
+        "imports mystages (stage mystages:Redact, [pipeline] stages)",
+        "imports acme_entities (stage entry point 'acme_entities', [pipeline] stages; "
+        "not installed here, the cluster's decides)",
+        "imports en_core_web_sm (spaCy pipeline, [sentencize] spacy_model)",
+    ]
+    assert not marker.exists()  # listed, not imported
+    plain = CliRunner().invoke(
+        app, ["submit", "-c", str(_config(tmp_path / "p.toml")), "--dry-run"]
+    )
+    assert plain.exit_code == 0 and "imports " not in plain.stdout  # built-ins, blank:en
