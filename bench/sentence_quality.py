@@ -5,7 +5,8 @@ breaks as hard boundaries, quotes mended, line breaks joined).
     python bench/sentence_quality.py [--articles 300] [--seed 7]
 
 The articles are assembled from the written news sentences of data/news_style_check and
-data/news_style_train (invented companies and figures, see their SOURCE.md): a headline (a
+data/news_style_train (invented companies and figures: data/news_style_check/SOURCE.md,
+data/news_style_train/SOURCE.md): a headline (a
 sentence's first words, no full stop), a blank line, then paragraphs of 2-4 sentences
 separated by blank lines, where about one sentence in four is quoted as a wire story
 quotes a spokesperson ('"...," the company said.' / '"..." said NAME.'), and one
