@@ -309,18 +309,7 @@ def ingest(
     """
     from docintel.pipeline.ingest import ingest_folder
 
-    show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
-    bar = Progress(
-        TextColumn("[bold]ingest"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("files"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not show,
-        transient=True,
-    )
+    bar = _files_bar(progress)
     task = bar.add_task("ingest", total=None)
     try:
         with bar:
@@ -335,6 +324,22 @@ def ingest(
     except DocintelError as e:
         fail(e)
     _print_ingested(result, output)
+
+
+def _files_bar(progress: bool) -> Progress:
+    """ingest's progress bar (files done of total), on a terminal or when asked for."""
+    show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
+    return Progress(
+        TextColumn("[bold]ingest"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("files"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
+        transient=True,
+    )
 
 
 def _print_ingested(result: IngestResult, output: Path) -> None:
