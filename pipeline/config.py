@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     create_model,
     field_validator,
@@ -494,6 +495,23 @@ class AuditConfig(_Strict):
 class _ConfigBase(_Strict):
     """The config tree's checks and overrides; its sections: :data:`Config`."""
 
+    # The folder of the TOML file this config was read from (load_config), kept through
+    # overrides; None for defaults. A `module:Class` stage is also looked for there.
+    _folder: Path | None = PrivateAttr(default=None)
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of the config file, None when no file was read."""
+        return self._folder
+
+    def __eq__(self, other: object) -> bool:
+        """The same settings (where they were read from, ``folder``, is not one)."""
+        if not isinstance(other, _ConfigBase):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = _Strict.__hash__
+
     @field_validator("input", check_fields=False)
     @classmethod
     def _distinct_columns(cls, v: InputConfig) -> InputConfig:
@@ -543,7 +561,9 @@ class _ConfigBase(_Strict):
             if not isinstance(node, dict) or (leaf not in node and not open_table):
                 raise ConfigError(f"unknown config key {dotted!r}")
             node[leaf] = value  # in an open table, an unknown key fails its validation
-        return _validate(data, source="command-line options")
+        cfg = _validate(data, source="command-line options")
+        cfg._folder = self._folder
+        return cfg
 
 
 def _config_model() -> type[_ConfigBase]:
@@ -620,4 +640,5 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
     cfg = _validate(data, source=str(path) if path else "defaults")
+    cfg._folder = Path(path).resolve().parent if path is not None else None
     return cfg.with_overrides(overrides or {})

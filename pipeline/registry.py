@@ -38,9 +38,12 @@ import importlib
 import importlib.metadata
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -362,16 +365,49 @@ class UserStage(Stage):
         self.inner.teardown()
 
 
-def _load_class(entry: str) -> type:
-    """The class an entry names: ``module:Class``, or an entry point of the group
-    ``docintel.stages``."""
+def _stage_folders(cfg: Config) -> dict[Path, str]:
+    """Where a ``module:Class`` stage is looked for besides Python's path, each folder
+    with what it is: the current folder (as ``python -m`` does), the config file's."""
+    folders = {Path.cwd(): "the current folder"}
+    if cfg.folder is not None:
+        folders.setdefault(cfg.folder, "the config file's folder")
+    return folders
+
+
+def _import_stage_module(module_name: str, cfg: Config, where: str) -> ModuleType:
+    """The module of a ``module:Class`` stage. The folders of :func:`_stage_folders` are
+    searched after Python's path (an installed module of the same name wins, and none of
+    the user's files shadows one), for this import only: the driver imports the module
+    once, and the workers get it by value with the stage (actors/cluster.py)."""
+    folders = _stage_folders(cfg)
+    added = [str(f) for f in folders if str(f) not in sys.path]
+    sys.path.extend(added)
+    importlib.invalidate_caches()  # a folder or file made since the last import is seen
+    failed = f"{where}: cannot import module {module_name!r}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name + ".").startswith(e.name + "."):
+            raise ConfigError(f"{failed}: {e}") from e  # a module it imports is missing
+        searched = ", ".join(f"{what} ({folder})" for folder, what in folders.items())
+        raise ConfigError(
+            f"{failed}: no module {e.name!r} in {searched} or Python's path (installed "
+            "packages, PYTHONPATH)"
+        ) from e
+    except Exception as e:  # the module's own code ran: any error in it is the user's
+        raise ConfigError(f"{failed}: {e!r}") from e
+    finally:
+        for folder in added:
+            sys.path.remove(folder)
+
+
+def _load_class(entry: str, cfg: Config) -> type:
+    """The class an entry names: ``module:Class`` (its module imported by
+    :func:`_import_stage_module`), or an entry point of the group ``docintel.stages``."""
     where = f"[pipeline] stages entry {entry!r}"
     if ":" in entry:
         module_name, _, attr = entry.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ConfigError(f"{where}: cannot import module {module_name!r} ({e})") from e
+        module = _import_stage_module(module_name, cfg, where)
         try:
             return getattr(module, attr)
         except AttributeError as e:
@@ -390,7 +426,7 @@ def _load_class(entry: str) -> type:
 
 
 def _user_spec(entry: str, cfg: Config) -> StageSpec:
-    cls = _load_class(entry)
+    cls = _load_class(entry, cfg)
     where = f"[pipeline] stages entry {entry!r}"
     if not (isinstance(cls, type) and issubclass(cls, Stage)):
         raise ConfigError(f"{where} is not a subclass of docintel.pipeline.stages.Stage")
