@@ -3,6 +3,7 @@ printing; the work is in docintel.pipeline.offline)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -287,6 +288,24 @@ def train(
         fail(e)
     took = f"{(time.perf_counter() - t0) / 60:.1f} min"
     print_metrics(m, f"held-out split of {data.name} -> {out_dir} ({took})")
+    print_calibration(out_dir)
+
+
+def print_calibration(model_dir: Path) -> None:
+    """The calibration the head's training.json records: the ECE it reached (stdout), and
+    a warning (stderr) when its hold-out was small."""
+    from docintel.pipeline.artefacts import TRAINING_FILE
+    from docintel.pipeline.offline.calibration import small_holdout_warning, summary_line
+    from docintel.pipeline.stages.classify import CALIBRATION_KEY
+
+    training = json.loads((model_dir / TRAINING_FILE).read_text(encoding="utf-8"))
+    record = training.get(CALIBRATION_KEY)
+    if not record:
+        return
+    out.print(summary_line(record), markup=False, highlight=False)
+    warning = small_holdout_warning(record)
+    if warning:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
 def evaluate(

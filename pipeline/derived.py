@@ -98,6 +98,7 @@ def ensure_derived(
     wanted = derived_artefacts(chain, layouts)
     if all(checksum_problem(a.path) is None for a in wanted):
         return
+    check_sources(cfg, chain)
     folder = cfg.embed.resolved_int8_dir()
     with contextlib.ExitStack() as held:
         try:
@@ -109,6 +110,14 @@ def ensure_derived(
             remove_staged(parent)  # what a killed build left: never read, never kept
         for a in wanted:
             _settle(a, folder, say)
+
+
+def check_sources(cfg: Config, chain: registry.Chain) -> None:
+    """Before anything is built: every stage's source models pass its registry check
+    (present, matching: a head trained on another encoder is refused here), so that
+    nothing is built, into any cache folder, from models the run would refuse."""
+    for spec in chain:
+        spec.check(cfg)
 
 
 def _use_as_is(wanted: list[registry.Artefact], folder: Path, err: OSError) -> None:

@@ -67,9 +67,16 @@ def check_models(
     ModelError if a model is missing or mismatched (each stage's registry check), or an
     int8 artefact the layouts run is missing (default: any layout this run may start)."""
     specs = registry.resolve(cfg, specs)
+    labels, versions = check_stages(cfg, specs)
     if layouts is None:
         layouts = _layouts(cfg, expected_shape(cfg), specs)
     _check_int8(specs, layouts)
+    return labels, versions, []
+
+
+def check_stages(cfg: Config, specs: registry.Chain) -> tuple[list[str], dict[str, str]]:
+    """Each stage's registry check of its source models (present, matching: a head
+    trained on another encoder is refused): the labels and the versions it knows."""
     labels: list[str] = []
     versions: dict[str, str] = {}
     for spec in specs:
@@ -78,7 +85,7 @@ def check_models(
             versions[spec.name] = facts.version
         if facts.labels is not None:
             labels = facts.labels
-    return labels, versions, []
+    return labels, versions
 
 
 def _gpus(cfg: Config) -> int:
@@ -117,8 +124,11 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     check_declared_gpus(cfg, gpus)
     shape = expected_shape(cfg, gpus)
     layouts = _layouts(cfg, shape, specs)
+    # the source models first: nothing is built from a model the run refuses
+    labels, versions = check_stages(cfg, specs)
     ensure_derived(cfg, layouts=layouts, chain=specs)
-    labels, versions, warnings = check_models(cfg, specs, layouts)
+    _check_int8(specs, layouts)
+    warnings: list[str] = []
     fs, files = resolve_input(input_uri, cfg.storage)
     files, skipped = split_readable(fs, files)
     units, cfg = _batches(cfg, fs, files, layouts)

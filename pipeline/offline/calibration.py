@@ -18,6 +18,9 @@ import numpy as np
 from docintel.pipeline.stages.classify import apply_temperature
 
 ECE_BINS = 10
+# Under this many held-out rows the fitted temperature and the ECE are rough (10 bins of a
+# few rows each): `docintel train` says so (:func:`small_holdout_warning`).
+MIN_CALIBRATION_ROWS = 200
 _EPS = 1e-12  # log(0) guard
 _T_BOUNDS = (0.05, 20.0)
 
@@ -74,3 +77,25 @@ def calibration_record(probs: np.ndarray, y: np.ndarray, split: str) -> dict[str
         "ece_before": round(ece(probs, y), 5),
         "ece_after": round(ece(after, y), 5),
     }
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """What the calibration reached, in words: the temperature, the rows it was fitted on
+    and the ECE before and after it."""
+    return (
+        f"calibration: temperature {record['temperature']:g} fitted on {record['n']:,} "
+        f"{record['fitted_on']} rows; ECE {record['ece_before']:.4f} before, "
+        f"{record['ece_after']:.4f} after ({ECE_BINS} bins)"
+    )
+
+
+def small_holdout_warning(record: dict[str, Any]) -> str | None:
+    """A warning when the calibration was fitted on fewer than MIN_CALIBRATION_ROWS rows."""
+    n = int(record["n"])
+    if n >= MIN_CALIBRATION_ROWS:
+        return None
+    return (
+        f"the calibration hold-out has only {n:,} rows (under {MIN_CALIBRATION_ROWS}): the "
+        "temperature and the ECE are rough estimates. Train on more labelled rows (the "
+        "hold-out is a stratified 10% of the data)"
+    )
