@@ -289,6 +289,18 @@ def build_static(raw: Path, work: Path, calib: list[str]) -> None:
         )
 
 
+# The ORT candidates: name, what it is, its model file in --workdir (build_all makes it)
+ORT_CANDIDATES = (
+    ("ort-fp32", "ORT fp32, fused graph (speed reference)", "fp32.fused.onnx"),
+    ("ort-int8", "ORT dynamic int8 per-channel, unfused graph", "int8.onnx"),
+    ("ort-int8-keep", "as ort-int8, FFN output MatMuls fp32", "int8.keep.onnx"),
+    ("ort-int8-fused", "ORT fusions, then dynamic int8 per-channel", "int8.fused.onnx"),
+    ("ort-int8-fused-rr", "as ort-int8-fused, reduce_range (7-bit weights)", "int8.fused.rr.onnx"),
+    ("ort-int8-fused-keep", "as ort-int8-fused, FFN output MatMuls fp32", "int8.fused.keep.onnx"),
+    ("ort-int8-static", "ORT static QDQ int8 (MatMul inputs), calibrated", "int8.static.onnx"),
+)
+
+
 def candidates(work: Path) -> list[Candidate]:
     from docintel.pipeline.stages.embed import Embedder
 
@@ -303,48 +315,7 @@ def candidates(work: Path) -> list[Candidate]:
             weights,
             lambda: Embedder(fp32_cfg()),
         ),
-        Candidate(
-            "ort-fp32",
-            "ORT fp32, fused graph (speed reference)",
-            work / "fp32.fused.onnx",
-            ort("fp32.fused.onnx"),
-        ),
-        Candidate(
-            "ort-int8",
-            "ORT dynamic int8 per-channel, unfused graph",
-            work / "int8.onnx",
-            ort("int8.onnx"),
-        ),
-        Candidate(
-            "ort-int8-keep",
-            "as ort-int8, FFN output MatMuls fp32",
-            work / "int8.keep.onnx",
-            ort("int8.keep.onnx"),
-        ),
-        Candidate(
-            "ort-int8-fused",
-            "ORT fusions, then dynamic int8 per-channel",
-            work / "int8.fused.onnx",
-            ort("int8.fused.onnx"),
-        ),
-        Candidate(
-            "ort-int8-fused-rr",
-            "as ort-int8-fused, reduce_range (7-bit weights)",
-            work / "int8.fused.rr.onnx",
-            ort("int8.fused.rr.onnx"),
-        ),
-        Candidate(
-            "ort-int8-fused-keep",
-            "as ort-int8-fused, FFN output MatMuls fp32",
-            work / "int8.fused.keep.onnx",
-            ort("int8.fused.keep.onnx"),
-        ),
-        Candidate(
-            "ort-int8-static",
-            "ORT static QDQ int8 (MatMul inputs), calibrated",
-            work / "int8.static.onnx",
-            ort("int8.static.onnx"),
-        ),
+        *(Candidate(name, note, work / file, ort(file)) for name, note, file in ORT_CANDIDATES),
         Candidate(
             "torch-int8-keep",
             "torch dynamic per-channel, attn/FFN output fp32",
@@ -424,36 +395,37 @@ def predict_f1(classifier: Any, emb: np.ndarray, y: np.ndarray) -> tuple[np.ndar
     return pred, float(metrics(y, pred, LABEL_NAMES)["macro_f1"])
 
 
-def run(args: argparse.Namespace) -> list[Result]:
-    import torch
+@dataclass
+class Texts:
+    """The sentences of one run of the benchmark."""
 
-    torch.set_num_threads(THREADS)
-    work: Path = args.workdir
-    work.mkdir(parents=True, exist_ok=True)
-    model_dir = EmbedConfig().resolved_model_path()
+    valid: list[str]  # sent_valid.csv: macro-F1
+    y_valid: np.ndarray
+    cosine: list[str]  # sent_valid.csv + --train-sample of sent_train.csv: cosines
+    calibration: list[str]  # the last of sent_train.csv (disjoint from the above)
+    timing: list[str]  # --timing-sample of the cosine sentences, seeded
+
+
+def read_texts(train_sample: int, timing_sample: int) -> Texts:
     valid, y_valid = read_csv(DATA / "sent_valid.csv")
     train, _ = read_csv(DATA / "sent_train.csv")
-    cos_texts = valid + train[: args.train_sample]
+    cos_texts = valid + train[:train_sample]
     calib = train[-CALIBRATION_SENTENCES:]  # disjoint from the cosine sample
     rng = np.random.default_rng(0)
-    timing = [cos_texts[i] for i in rng.permutation(len(cos_texts))[: args.timing_sample]]
+    timing = [cos_texts[i] for i in rng.permutation(len(cos_texts))[:timing_sample]]
+    return Texts(valid, y_valid, cos_texts, calib, timing)
 
-    cands = [c for c in candidates(work) if c.name in args.candidates or c.name == "torch-fp32"]
-    build_all(work, model_dir, calib, {c.name for c in cands})
-    encs: dict[str, Any] = {}
-    for c in cands:
-        encs[c.name] = c.make()
-        encs[c.name].setup()
-    results = {
-        c.name: Result(c.name, c.note, (c.artefact.stat().st_size / MIB) if c.artefact else 0.0)
-        for c in cands
-    }
 
-    # tokenization parity: the int8 front end must cut and count exactly as Embedder does
-    ref_vec, ref_len, ref_trunc = encs["torch-fp32"].encode(cos_texts)
+def compare_embeddings(
+    cands: list[Candidate], encs: dict[str, Any], texts: list[str], results: dict[str, Result]
+) -> dict[str, np.ndarray]:
+    """Every candidate's embeddings of ``texts``, its cosines to torch-fp32's in
+    ``results``. Tokenization parity: the int8 front end must cut and count exactly as
+    Embedder does."""
+    ref_vec, ref_len, ref_trunc = encs["torch-fp32"].encode(texts)
     embs: dict[str, np.ndarray] = {"torch-fp32": ref_vec}
     for c in cands[1:]:
-        vec, n_tok, trunc = encs[c.name].encode(cos_texts)
+        vec, n_tok, trunc = encs[c.name].encode(texts)
         if not (np.array_equal(n_tok, ref_len) and np.array_equal(trunc, ref_trunc)):
             raise SystemExit(f"{c.name}: token counts or truncation flags differ from Embedder")
         cos = cosines(vec, ref_vec)
@@ -462,10 +434,21 @@ def run(args: argparse.Namespace) -> list[Result]:
         r.cos_p01 = float(np.quantile(cos, 0.01))
         embs[c.name] = vec
         print(f"{c.name}: cos mean {r.cos_mean:.4f} min {r.cos_min:.4f}", flush=True)
+    return embs
 
+
+def time_rounds(
+    cands: list[Candidate],
+    encs: dict[str, Any],
+    timing: list[str],
+    rounds: int,
+    results: dict[str, Result],
+) -> None:
+    """``rounds`` timing rounds, each over every candidate in a rotated order: sentences/s
+    and the ratio to torch-fp32 per round, in ``results``."""
     for c in cands:  # warm-up (allocator, ORT kernels, OMP pool)
         encs[c.name].encode(timing[:128])
-    for rnd in range(args.rounds):
+    for rnd in range(rounds):
         order = cands[rnd % len(cands) :] + cands[: rnd % len(cands)]
         this: dict[str, float] = {}
         for c in order:
@@ -478,8 +461,11 @@ def run(args: argparse.Namespace) -> list[Result]:
         print(
             f"round {rnd + 1}: " + ", ".join(f"{k} {v:.0f}/s" for k, v in this.items()), flush=True
         )
-    encs.clear()
 
+
+def score_labels(embs: dict[str, np.ndarray], texts: Texts, results: dict[str, Result]) -> None:
+    """The bundled classifier on each candidate's sent_valid.csv embeddings: macro-F1, and
+    labels changed against torch-fp32's, in ``results``."""
     from docintel.pipeline.config import ClassifyConfig
     from docintel.pipeline.stages.classify import Classifier
 
@@ -487,10 +473,36 @@ def run(args: argparse.Namespace) -> list[Result]:
     clf.setup()
     if clf.labels != LABEL_NAMES:
         raise SystemExit(f"classifier labels {clf.labels} are not {LABEL_NAMES}")
-    ref_pred, _ = predict_f1(clf, ref_vec[: len(valid)], y_valid)
+    n_valid = len(texts.valid)
+    ref_pred, _ = predict_f1(clf, embs["torch-fp32"][:n_valid], texts.y_valid)
     for name, vec in embs.items():
-        pred, results[name].macro_f1 = predict_f1(clf, vec[: len(valid)], y_valid)
+        pred, results[name].macro_f1 = predict_f1(clf, vec[:n_valid], texts.y_valid)
         results[name].flips = int((pred != ref_pred).sum())
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    work: Path = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = EmbedConfig().resolved_model_path()
+    texts = read_texts(args.train_sample, args.timing_sample)
+
+    cands = [c for c in candidates(work) if c.name in args.candidates or c.name == "torch-fp32"]
+    build_all(work, model_dir, texts.calibration, {c.name for c in cands})
+    encs: dict[str, Any] = {}
+    for c in cands:
+        encs[c.name] = c.make()
+        encs[c.name].setup()
+    results = {
+        c.name: Result(c.name, c.note, (c.artefact.stat().st_size / MIB) if c.artefact else 0.0)
+        for c in cands
+    }
+    embs = compare_embeddings(cands, encs, texts.cosine, results)
+    time_rounds(cands, encs, texts.timing, args.rounds, results)
+    encs.clear()
+    score_labels(embs, texts, results)
 
     if not args.no_rss:
         for c in cands:
