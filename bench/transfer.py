@@ -45,12 +45,36 @@ WRITTEN = REPO / "data" / "news_style_check" / "news_sentences.csv"
 LABELS = ["Bearish", "Bullish", "Neutral"]
 
 
+def _written_news(clf: Any, cfg: Any, temperature: float) -> tuple[dict, np.ndarray, np.ndarray]:
+    """data/news_style_check's written news sentences: metrics, probabilities, labels."""
+    from docintel.pipeline.offline.metrics import metrics
+    from docintel.pipeline.offline.train import embed_texts, load_labelled
+    from docintel.pipeline.stages.classify import apply_temperature
+
+    w_texts, w_raw = load_labelled(WRITTEN)
+    w_p = apply_temperature(clf.predict(embed_texts(w_texts, cfg)[0]), temperature)
+    w_y = np.array([int(v) for v in w_raw])
+    return metrics(w_y, w_p.argmax(1), LABELS), w_p, w_y
+
+
+def _rewrite_metrics(folder: Path, scored: dict[str, dict]) -> None:
+    """``folder``'s metrics.json as `docintel train --score-on` VALID, NEWS, WRITTEN would
+    write it, with ``scored`` (per file) as its evaluations."""
+    from docintel.pipeline.offline.train import write_metrics as write_holdout_metrics
+
+    holdout = json.loads((folder / "metrics.json").read_text())
+    for key in ("split", "ece", "ece_split", "ece_holdout", "evaluations"):
+        holdout.pop(key, None)
+    training = json.loads((folder / "training.json").read_text())
+    holdout["ece"] = training["calibration"]["ece_after"]
+    write_holdout_metrics(folder, holdout, scored)
+
+
 def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, Any]:
     from docintel.pipeline.config import ClassifyConfig, EmbedConfig
     from docintel.pipeline.offline.calibration import ece
     from docintel.pipeline.offline.metrics import metrics
     from docintel.pipeline.offline.train import embed_texts, encoder_for_head, load_labelled
-    from docintel.pipeline.offline.train import write_metrics as write_holdout_metrics
     from docintel.pipeline.stages.classify import (
         Classifier,
         apply_temperature,
@@ -74,22 +98,14 @@ def score(folder: Path, encoder: str, write_metrics: bool = False) -> dict[str, 
     def f1(rows: np.ndarray) -> float:
         return round(metrics(y[rows], pred[rows], LABELS)["macro_f1"], 4)
 
-    w_texts, w_raw = load_labelled(WRITTEN)
-    w_p = apply_temperature(clf.predict(embed_texts(w_texts, cfg)[0]), temperature)
-    w_y = np.array([int(v) for v in w_raw])
-    written = metrics(w_y, w_p.argmax(1), LABELS)
-    if write_metrics:  # metrics.json as `docintel train --score-on` VALID, NEWS, WRITTEN
-        holdout = json.loads((folder / "metrics.json").read_text())
-        for key in ("split", "ece", "ece_split", "ece_holdout", "evaluations"):
-            holdout.pop(key, None)
-        training = json.loads((folder / "training.json").read_text())
-        holdout["ece"] = training["calibration"]["ece_after"]
+    written, w_p, w_y = _written_news(clf, cfg, temperature)
+    if write_metrics:
         scored = {
             f.name: {**metrics(y[rows], pred[rows], LABELS), "ece": ece(p[rows], y[rows])}
             for f, rows in ((VALID, np.ones(len(y), bool)), (NEWS, is_news))
         }
         scored[WRITTEN.name] = {**written, "ece": ece(w_p, w_y)}
-        write_holdout_metrics(folder, holdout, scored)
+        _rewrite_metrics(folder, scored)
     return {
         "folder": str(folder),
         "in_domain_macro_f1": f1(np.ones(len(y), bool)),
