@@ -422,7 +422,7 @@ def report(sim: SimCluster, watch: NodeWatch, runs: list[Run], args: argparse.Na
     print(f"\ncommand: {' '.join(sys.argv)}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2, help="copies of the demo documents")
     ap.add_argument("--docs", type=int, default=528, help="demo documents per copy")
@@ -455,7 +455,47 @@ def main() -> None:
     ap.add_argument(
         "--only", default="", help="comma-separated run names (gpu-only,cpu-only,auto,calm)"
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def run_plan(args: argparse.Namespace) -> list[tuple[int, str, str, int, bool]]:
+    """(round, name, spill, batches in flight, calm) of every run, in order: the saturated
+    runs each round (gpu-only in the first --gpu-rounds only), then the calm one."""
+    plan = [
+        (rnd, name, name, 0, False)
+        for rnd in range(1, args.rounds + 1)
+        for name in SATURATED
+        if name != "gpu-only" or rnd <= args.gpu_rounds
+    ]
+    plan.append((1, "auto, 1 batch in flight (no saturation)", "auto", 1, True))
+    return plan
+
+
+def run_all(sim: SimCluster, args: argparse.Namespace, runs: list[Run]) -> None:
+    """Every run of the plan (or of --only), each appended to ``runs`` when measured."""
+    only = set(filter(None, args.only.split(",")))
+    with tempfile.TemporaryDirectory() as tmp:
+        saturated = corpus(Path(tmp), "saturated", args.repeat, args.docs, args.batch)
+        calm = corpus(Path(tmp), "calm", 1, args.calm_docs, args.batch)
+        for rnd, name, spill, in_flight, is_calm in run_plan(args):
+            if only and (("calm" if is_calm else name) not in only):
+                continue
+            run_id = f"b{rnd}-{spill}-{in_flight}"
+            cfg = config(run_id, spill, args.gpu_delay, args.batch, in_flight, args.gpu_model)
+            wait_for_quiet(args.quiet_below, args.quiet_wait)
+            inp = calm if is_calm else saturated
+            runs.append(measure(sim, name, rnd, cfg, inp, Path(tmp) / f"out-{run_id}"))
+            r = runs[-1]
+            print(
+                f"round {rnd} {name}: {r.rate:.2f} docs/s, {r.summary.backends['embed']}, "
+                f"load {r.load}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def main() -> None:
+    args = parse_args()
     gpu_cores, cpu_cores = cores(args.gpu_cores), cores(args.cpu_cores)
     if gpu_cores & cpu_cores or not (gpu_cores | cpu_cores) <= os.sched_getaffinity(0):
         sys.exit(f"--gpu-cores and --cpu-cores must be disjoint cores of {os.sched_getaffinity(0)}")
@@ -466,34 +506,9 @@ def main() -> None:
     warm_io_workers(IO_CPUS, IO_SLOTS)
     watch = NodeWatch(sim)
     watch.start()
-    only = set(filter(None, args.only.split(",")))
-    plan = [
-        (rnd, name, name, 0, False)
-        for rnd in range(1, args.rounds + 1)
-        for name in SATURATED
-        if name != "gpu-only" or rnd <= args.gpu_rounds
-    ]
-    plan.append((1, "auto, 1 batch in flight (no saturation)", "auto", 1, True))
     runs: list[Run] = []
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            saturated = corpus(Path(tmp), "saturated", args.repeat, args.docs, args.batch)
-            calm = corpus(Path(tmp), "calm", 1, args.calm_docs, args.batch)
-            for rnd, name, spill, in_flight, is_calm in plan:
-                if only and (("calm" if is_calm else name) not in only):
-                    continue
-                run_id = f"b{rnd}-{spill}-{in_flight}"
-                cfg = config(run_id, spill, args.gpu_delay, args.batch, in_flight, args.gpu_model)
-                wait_for_quiet(args.quiet_below, args.quiet_wait)
-                inp = calm if is_calm else saturated
-                runs.append(measure(sim, name, rnd, cfg, inp, Path(tmp) / f"out-{run_id}"))
-                r = runs[-1]
-                print(
-                    f"round {rnd} {name}: {r.rate:.2f} docs/s, {r.summary.backends['embed']}, "
-                    f"load {r.load}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        run_all(sim, args, runs)
     finally:
         watch.stop()
         report(sim, watch, runs, args)
