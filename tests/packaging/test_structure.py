@@ -11,6 +11,9 @@ Import rules: every ``import`` / ``from ... import`` counts, at module level or 
 function, except inside ``if TYPE_CHECKING:`` blocks. ``from docintel.x import y`` is an
 import of module ``docintel.x.y`` when that module exists, else of ``docintel.x``. A
 package's ``__init__.py`` is the package module.
+
+``bench/`` (benchmark scripts, not installed, outside the layering) is held to the same
+function-length limit, and walks process trees in one module (bench/common.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ NAMESPACE = "docintel"
 SOURCE_FOLDERS = ("pipeline", "actors", "jobs")  # installed as docintel.<folder>
 BARE_NAMES = frozenset({"pipeline", "actors", "jobs", "models"})
 MAX_FUNCTION_LINES = 60  # in jobs/: entry points delegate, they do not grow a second pipeline
+BENCH_FOLDER = "bench"  # benchmark scripts: the same function-length limit
 
 
 @dataclass(frozen=True)
@@ -332,19 +336,35 @@ def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef
             yield node
 
 
-def _long_functions(*packages: str) -> list[str]:
-    """Functions or methods (nested ones too) in ``packages`` spanning more than 60 lines,
+def _long_in(path: Path, tree: ast.AST) -> list[str]:
+    """Functions or methods (nested ones too) of one file spanning more than 60 lines,
     from the ``def`` line (decorators excluded) to the last line."""
     long: list[str] = []
-    for name, path in source_files().items():
-        if not any(_is_in(name, f"{NAMESPACE}.{p}") for p in packages):
-            continue
-        for fn in _functions(parsed(name)):
-            assert fn.end_lineno is not None
-            length = fn.end_lineno - fn.lineno + 1
-            if length > MAX_FUNCTION_LINES:
-                long.append(f"{path.relative_to(REPO)}:{fn.lineno} {fn.name}() {length} lines")
+    for fn in _functions(tree):
+        assert fn.end_lineno is not None
+        length = fn.end_lineno - fn.lineno + 1
+        if length > MAX_FUNCTION_LINES:
+            long.append(f"{path.relative_to(REPO)}:{fn.lineno} {fn.name}() {length} lines")
     return long
+
+
+def _long_functions(*packages: str) -> list[str]:
+    """Functions longer than MAX_FUNCTION_LINES in ``packages`` (of SOURCE_FOLDERS)."""
+    long: list[str] = []
+    for name, path in source_files().items():
+        if any(_is_in(name, f"{NAMESPACE}.{p}") for p in packages):
+            long += _long_in(path, parsed(name))
+    return long
+
+
+@cache
+def bench_files() -> dict[Path, ast.Module]:
+    """The benchmark scripts (bench/: not installed, not in the layering) and their trees."""
+    return {
+        path: ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for path in sorted((REPO / BENCH_FOLDER).rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
 
 
 def test_jobs_functions_are_short() -> None:
@@ -370,6 +390,42 @@ def test_pipeline_and_actors_functions_are_short() -> None:
     """A long function in pipeline/ or actors/ is a second pipeline growing in one step."""
     long = _long_functions("pipeline", "actors")
     assert not long, f"functions longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_bench_functions_are_short() -> None:
+    """The benchmarks print the tables of BENCHMARKS.md: each table, each measuring step
+    its own function, so a change to one is reviewed as one."""
+    files = bench_files()
+    assert REPO / BENCH_FOLDER / "common.py" in files  # the checker sees bench/
+    long = [line for path, tree in files.items() for line in _long_in(path, tree)]
+    assert not long, f"functions in bench/ longer than {MAX_FUNCTION_LINES} lines:\n" + (
+        "\n".join(long)
+    )
+
+
+def _tree_walks(tree: ast.AST) -> list[int]:
+    """Lines calling psutil's process-tree walk: ``<proc>.children(recursive=...)``."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "children"
+        and any(k.arg == "recursive" for k in node.keywords)
+    ]
+
+
+def test_bench_has_one_process_tree_sampler() -> None:
+    """Process trees are walked and sampled in bench/common.py only (process_tree,
+    cpu_seconds, TreeSampler): three copies of a sampler had drifted apart."""
+    code = "p = psutil.Process(1)\nkids = p.children(recursive=True)\nother = p.children()\n"
+    assert _tree_walks(ast.parse(code)) == [2]
+    walks = {
+        str(path.relative_to(REPO)): lines
+        for path, tree in bench_files().items()
+        if (lines := _tree_walks(tree))
+    }
+    assert list(walks) == [f"{BENCH_FOLDER}/common.py"], f"process-tree walks: {walks}"
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
