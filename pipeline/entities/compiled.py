@@ -44,11 +44,10 @@ UNKNOWN = chr(CODE_FIRST) * CODE_WIDTH  # word id 0: a sentence word no list has
 
 def encode(word_id: int) -> str:
     """A word id as ``CODE_WIDTH`` characters (most significant first)."""
-    chars = []
-    for _ in range(CODE_WIDTH):
-        word_id, digit = divmod(word_id, CODE_BASE)
-        chars.append(chr(CODE_FIRST + digit))
-    return "".join(reversed(chars))
+    b, first = CODE_BASE, CODE_FIRST  # CODE_WIDTH == 3, written out: compiling calls it 10^6x
+    return (
+        chr(first + word_id // (b * b)) + chr(first + word_id // b % b) + chr(first + word_id % b)
+    )
 
 
 @dataclass
@@ -136,26 +135,30 @@ class _Builder:
         self.keys: dict[str, int] = {}
         self.key_words: list[int] = []
         self.tails: dict[tuple[str, ...], int] = {(): 0}
-        self.entries: set[tuple[int, int, int, bool]] = set()
+        # the entries, one per (name form, row): key number, row, tail, "The"
+        self.entries: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
 
     def add(self, text: str, row: int) -> None:
+        codes, keys, (e_key, e_row, e_tail, e_the) = self.codes, self.keys, self.entries
         for form in name_forms(text):
             start, end = core_span(form)
-            key_words, tail = form[start:end], suffix_tail(form[end:])
-            tail_id = self.tails.setdefault(tail, len(self.tails))
-            key = "".join(self._code(w) for w in key_words)
-            key_no = self.keys.get(key)
+            key = "".join([codes.get(w) or self._code(w) for w in form[start:end]])
+            key_no = keys.get(key)
             if key_no is None:
-                key_no = self.keys[key] = len(self.keys)
-                self.key_words.append(len(key_words))
-            self.entries.add((key_no, row, tail_id, start == 1))
+                key_no = keys[key] = len(keys)
+                self.key_words.append(end - start)
+            tail_id = 0
+            if end < len(form):
+                tail_id = self.tails.setdefault(suffix_tail(form[end:]), len(self.tails))
+            e_key.append(key_no)
+            e_row.append(row)
+            e_tail.append(tail_id)
+            e_the.append(start)
 
     def _code(self, word: str) -> str:
-        code = self.codes.get(word)
-        if code is None:
-            if len(self.codes) >= MAX_WORDS:
-                raise ConfigError(f"watch lists: more than {MAX_WORDS:,} distinct words")
-            code = self.codes[word] = encode(len(self.codes) + 1)
+        if len(self.codes) >= MAX_WORDS:
+            raise ConfigError(f"watch lists: more than {MAX_WORDS:,} distinct words")
+        code = self.codes[word] = encode(len(self.codes) + 1)
         return code
 
     def finish(self, lists: Sequence[WatchList], entities: pa.Table) -> CompiledLists:
@@ -164,7 +167,8 @@ class _Builder:
             automaton.add_word(key, key_no)
         automaton.make_automaton()
         self.keys.clear()
-        entries = np.array(sorted(self.entries), dtype=np.int64).reshape(-1, 4)
+        entries = _unique_rows(np.array(self.entries, dtype=np.int64).T)
+        self.entries = ([], [], [], [])
         counts = np.bincount(entries[:, 0], minlength=len(self.key_words))
         return CompiledLists(
             lists=tuple(wl.name for wl in lists),
@@ -179,3 +183,14 @@ class _Builder:
             tails=tuple(self.tails),
             max_key_words=max(self.key_words, default=0),
         )
+
+
+def _unique_rows(entries: np.ndarray) -> np.ndarray:
+    """The distinct rows of an (n, 4) array, sorted by its columns (the first first)."""
+    if not len(entries):
+        return entries.reshape(0, 4)
+    order = np.lexsort(entries.T[::-1])
+    entries = entries[order]
+    keep = np.ones(len(entries), dtype=bool)
+    keep[1:] = (entries[1:] != entries[:-1]).any(axis=1)
+    return entries[keep]

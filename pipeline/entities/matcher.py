@@ -31,6 +31,7 @@ from docintel.pipeline.entities.normalise import (
 )
 
 Hit = tuple[int, int, int, float]  # (first word, end word, key number, similarity)
+ENTITY_CACHE = 100_000  # entity rows kept as Python dicts per matcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class Matcher:
         self.compiled = compiled
         self.min_similarity = min_similarity
         self._fuzzy = None
+        self._entities: dict[int, dict] = {}  # entity rows read from the Arrow table
         if min_similarity is not None and min_similarity < 1:
             from docintel.pipeline.entities.fuzzy import FuzzyIndex
 
@@ -114,7 +116,11 @@ class Matcher:
         text = sentence[span.start_char : span.end_char]
         out = []
         for row in rows:
-            entity = c.entities.slice(row, 1).to_pylist()[0]
+            entity = self._entities.get(row)
+            if entity is None:
+                if len(self._entities) >= ENTITY_CACHE:
+                    self._entities.clear()
+                entity = self._entities[row] = c.entities.slice(row, 1).to_pylist()[0]
             out.append(
                 Match(
                     entity_id=entity["entity_id"],

@@ -119,9 +119,14 @@ def sentence_words(text: str) -> Words:
 def name_forms(name: str) -> list[tuple[str, ...]]:
     """The word sequences under which a listed name is indexed: as a sentence reads it, with
     runs of single letters joined and apart, and in German transliteration (umlauts)."""
-    plain = tuple(fold(m.group()) for m in WORD.finditer(name))
-    if not any(len(w) == 1 for w in plain) and not any(ch in name for ch in "äöüÄÖÜ\u0308"):
-        return [plain] if plain else []  # the usual case: one form
+    if name.isascii():  # the usual case, fast: folding is lower-casing
+        plain = tuple(WORD.findall(name.lower()))
+        if all(len(w) > 1 for w in plain):
+            return [plain] if plain else []
+    else:
+        plain = tuple(fold(m.group()) for m in WORD.finditer(name))
+        if all(len(w) > 1 for w in plain) and not any(ch in name for ch in "äöüÄÖÜ\u0308"):
+            return [plain] if plain else []
     forms: list[tuple[str, ...]] = []
     spellings = [name]
     folded = unicodedata.normalize("NFC", name).casefold()
