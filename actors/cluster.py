@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from docintel.actors import local_ray
 from docintel.actors.pools import PoolManager, actor_name, current_shape
 from docintel.actors.resources import check_layout
 from docintel.pipeline import registry
@@ -229,15 +230,49 @@ def ray_session(cfg: Config, shape: ClusterShape | None = None) -> Iterator[None
         if cfg.run.object_store_mb:
             kwargs["object_store_memory"] = cfg.run.object_store_mb * 1024 * 1024
     with _local_only() if local else contextlib.nullcontext():
-        ray.init(**kwargs)
+        if local:
+            local_ray.start(kwargs)  # a start that times out: RayStartTimedOut, no traceback
+        else:
+            ray.init(**kwargs)
         if temp is not None:
             _close_session(temp)
+        with _watched(local, verbose):
+            yield
+
+
+@contextlib.contextmanager
+def _watched(local: bool, verbose: bool) -> Iterator[None]:
+    """The session's body, then Ray's shutdown. The embedded Ray's GCS is watched: lost
+    under the run, the run unwinds as ClusterLost (actors/local_ray.py) and what is left of
+    that Ray is ended without waiting on its GCS. Quiet: the raylet's notices go to the
+    framework log, not the terminal."""
+    global _WATCH  # noqa: PLW0603 - one embedded Ray per process
+    _WATCH = local_ray.GcsWatch.start() if local else None
+    with contextlib.nullcontext() if verbose else local_ray.quiet_notices():
         try:
             yield
+        except BaseException as e:
+            if _WATCH is not None and _WATCH.lost.is_set():
+                raise local_ray.ClusterLost(local_ray.LOST) from e
+            raise
         finally:
+            lost = _WATCH is not None and _WATCH.lost.is_set()
+            if _WATCH is not None:
+                _WATCH.stop()  # before the shutdown ends the GCS
+            _WATCH = None
+            if lost:
+                local_ray.end_processes()
             if local:
                 _end_autoscaler_monitor()
-            ray.shutdown()
+            ray.shutdown()  # quiet too: the actors' last notices come during it
+
+
+_WATCH: local_ray.GcsWatch | None = None  # the embedded Ray's watch, while a session runs
+
+
+def cluster_lost() -> bool:
+    """Whether the embedded Ray of the session under way was lost (its GCS ended)."""
+    return _WATCH is not None and _WATCH.lost.is_set()
 
 
 def _gpus(cfg: Config, shape: ClusterShape | None) -> float | None:
@@ -296,4 +331,5 @@ def stage_pools(
         manager.start()
         yield manager
     finally:
-        manager.close()
+        if not cluster_lost():  # a lost Ray's actors went with it; killing them would wait
+            manager.close()

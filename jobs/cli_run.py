@@ -219,10 +219,16 @@ def _watched(execute: Any, cfg: Any, input: str, output: str, run_id: str | None
         console.print(f"docintel: run {safe(run)}{again}", markup=False, highlight=False)
 
     seen["on_open"] = opened
+    from docintel.actors import local_ray  # imports Ray: only once a run is under way
+
     try:
-        return run_with_progress(execute, cfg, input, output, seen=seen)
+        with local_ray.on_lost(lambda e: ray_failed(seen, run_id, e)):
+            return run_with_progress(execute, cfg, input, output, seen=seen)
     except KeyboardInterrupt:
         interrupted(seen, run_id)
+    except local_ray.LocalRayFailed as e:  # its start timed out, or it was lost mid-run
+        ray_failed(seen, run_id, e)
+        raise typer.Exit(ExitCode.FAILED) from None
 
 
 def interrupted(seen: dict[str, Any], run_id: str | None) -> NoReturn:
@@ -232,18 +238,33 @@ def interrupted(seen: dict[str, Any], run_id: str | None) -> NoReturn:
     if run is None:  # stopped before the output was opened: nothing was written
         console.print("docintel: interrupted before any work; nothing was written", markup=False)
         raise typer.Exit(ExitCode.INTERRUPTED)
+    _resume_hint(seen, run, "docintel: interrupted: ")
+    raise typer.Exit(ExitCode.INTERRUPTED)
+
+
+def ray_failed(seen: dict[str, Any], run_id: str | None, e: Exception) -> None:
+    """The embedded Ray failed under the run (its start timed out, or it stopped): say so,
+    then what the run committed and the exact command that resumes it."""
+    console.print(f"docintel: run failed: {safe(e, multiline=True)}", markup=False)
+    run = seen.get("run_id") or run_id
+    if run is not None:
+        _resume_hint(seen, run, "docintel: ")
+
+
+def _resume_hint(seen: dict[str, Any], run: str, lead: str) -> None:
+    """What run ``run`` committed (stderr) and the command that resumes it (alone on
+    stdout)."""
     total = seen.get("resumed", 0) + seen.get("batches", 0)
     command = shlex.join(["docintel", *sys.argv[1:]])
     if "--run-id" not in sys.argv:
         command += f" --run-id {shlex.quote(run)}"
     console.print(
-        f"docintel: interrupted: run {safe(run)} has {total:,} batches committed "
+        f"{lead}run {safe(run)} has {total:,} batches committed "
         f"({seen.get('batches', 0):,} by this invocation); resume it with:",
         markup=False,
         highlight=False,
     )
     out.print(safe(command), markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(ExitCode.INTERRUPTED)
 
 
 FolderArg = Annotated[
