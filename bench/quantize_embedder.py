@@ -67,7 +67,8 @@ from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped rec
     export_onnx,
     ffn_output_matmuls,
 )
-from docintel.pipeline.stages.embed_int8 import Frontend, Int8Embedder  # noqa: E402
+from docintel.pipeline.stages.embed_int8 import Int8Embedder  # noqa: E402
+from docintel.pipeline.stages.encoder_frontend import EncoderFrontend  # noqa: E402
 
 DATA = REPO / "data" / "twitter_fin_sentiment"
 LABEL_NAMES = ["Bearish", "Bullish", "Neutral"]  # sent_*.csv labels 0, 1, 2
@@ -194,7 +195,7 @@ def fp32_cfg() -> EmbedConfig:
 def calibration_reader(model_path: Path, tok_dir: Path, texts: list[str]) -> Any:
     from onnxruntime.quantization import CalibrationDataReader
 
-    front = Frontend(tok_dir, fp32_cfg())
+    front = EncoderFrontend(tok_dir, fp32_cfg())
     ids, _ = front.prepare(texts)
     feeds = [
         {"input_ids": x, "attention_mask": m, "token_type_ids": np.zeros_like(x)}

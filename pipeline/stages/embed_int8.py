@@ -13,12 +13,8 @@ from pathlib import Path
 from docintel.pipeline.artefacts import FP32_MODEL_FILE, INT8_MODEL_FILE
 from docintel.pipeline.stages.embed import Embedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
-from docintel.pipeline.stages.encoder_frontend import EncoderFrontend, mean_pool_normalize
 
-# The shared front end under its former name (bench/quantize_embedder.py calibrates with it).
-Frontend = EncoderFrontend
-
-__all__ = ["Frontend", "Int8Embedder", "OnnxEmbedder", "mean_pool_normalize"]
+__all__ = ["Int8Embedder", "OnnxEmbedder"]
 
 
 class Int8Embedder(Embedder):
