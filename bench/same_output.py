@@ -4,9 +4,9 @@
     python bench/same_output.py --old 7962d48 --new HEAD --input data/demo/documents.parquet
 
 Each side runs ``docintel run INPUT OUT --run-id same`` (CPU pools, the default models) from
-its own tree: the old commit from a ``git worktree``, imported through a namespace shim on
-PYTHONPATH (``docintel.pipeline`` -> ``<tree>/pipeline``...), the new one from this
-checkout (or a worktree of ``--new``). Then every table file is compared: names, bytes, and,
+its own tree: a ``git worktree`` of each commit (or this checkout for WORKTREE), imported
+through the namespace shim of bench/ab_commits.py (``docintel.pipeline`` ->
+``<tree>/pipeline``...). Then every table file is compared: names, bytes, and,
 where the bytes differ, the Arrow tables. The manifests are compared key by key, leaving
 out what differs by nature (times, paths, the replicas' pids and nodes). Prints a table;
 exit 1 when a table file differs.
@@ -15,47 +15,24 @@ exit 1 when a table file differs.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from ab_commits import WORKTREE, drop_tree, make_tree, side_env  # bench/: the script's dir
 
 REPO = Path(__file__).resolve().parents[1]
-FOLDERS = ("pipeline", "actors", "jobs", "models")
 TABLES = ("documents", "sentences", "errors")
 # manifest keys that differ between any two runs of the same thing
 VOLATILE = {"finished", "timings", "replicas", "output", "input", "parts"}
 
 
-def _tree(rev: str, work: Path) -> Path:
-    """A checkout of ``rev``: this tree for "WORKTREE", else a detached git worktree."""
-    if rev == "WORKTREE":
-        return REPO
-    where = work / f"tree-{rev}"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(where), rev],
-                   check=True, capture_output=True)  # fmt: skip
-    return where
-
-
-def _shim(tree: Path, work: Path) -> Path:
-    """A folder whose ``docintel/<folder>`` links to ``tree``'s folders (PYTHONPATH)."""
-    shim = work / f"shim-{hashlib.sha1(str(tree).encode()).hexdigest()[:8]}"
-    (shim / "docintel").mkdir(parents=True, exist_ok=True)
-    for name in FOLDERS:
-        link = shim / "docintel" / name
-        if not link.exists():
-            link.symlink_to(tree / name, target_is_directory=True)
-    return shim
-
-
 def _run(tree: Path, work: Path, inp: Path, out: Path) -> str:
     """Run docintel from ``tree`` into ``out``; the module file it imported (a check)."""
-    env = {**os.environ, "PYTHONPATH": str(_shim(tree, work))}
+    env = side_env(tree, work)
     code = "import docintel.pipeline, sys; print(docintel.pipeline.__file__)"
     where = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -108,24 +85,23 @@ def _compare_manifests(old: Path, new: Path) -> list[tuple[str, str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", default="HEAD~1", help="the commit before the change")
-    ap.add_argument("--new", default="WORKTREE", help="a commit, or WORKTREE (this checkout)")
+    ap.add_argument("--new", default=WORKTREE, help="a commit, or WORKTREE (this checkout)")
     ap.add_argument("--input", default=str(REPO / "data/demo/documents.parquet"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="same-output-") as tmp:
         work = Path(tmp)
-        outs = {}
+        outs, trees = {}, {}
         for side, rev in (("old", args.old), ("new", args.new)):
             outs[side] = work / f"out-{side}"
-            used = _run(_tree(rev, work), work, Path(args.input).resolve(), outs[side])
+            trees[side] = make_tree(rev, work)
+            used = _run(trees[side], work, Path(args.input).resolve(), outs[side])
             print(f"{side}: {rev} (imports {used})")
         rows = _compare_tables(outs["old"], outs["new"]) + _compare_manifests(*outs.values())
         width = max(len(r[0]) for r in rows)
         for name, verdict in rows:
             print(f"{name:<{width}}  {verdict}")
-        for rev in (args.old, args.new):
-            if rev != "WORKTREE":
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                str(work / f"tree-{rev}")], check=False)  # fmt: skip
+        for tree in trees.values():
+            drop_tree(tree)
     return 1 if any("DIFFERENT" in v or "only in" in v for _, v in rows) else 0
 
 
