@@ -23,7 +23,7 @@ from docintel.pipeline.search import search
 from docintel.pipeline.search_source import SentencesSource
 from tests.conftest import REPO, run_config, sigkill_after_parts
 from tests.integration.test_audit import _cfg, _texts, _write
-from tests.integration.test_iceberg import _corpus
+from tests.integration.test_iceberg import _corpus, exactly_once_in
 
 DELTA = {"output.format": "delta", "run.embeddings": True}
 TABLES = ("documents", "sentences", "errors")
@@ -42,12 +42,7 @@ def _commits(out: Path, table: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def _exactly_once(out: Path, ids: list[str], copies: int = 1) -> dict[str, pd.DataFrame]:
-    tables = _tables(out)
-    assert sorted(tables["documents"]["doc_id"]) == sorted(ids * copies)
-    per_sentence = tables["sentences"].groupby(["doc_id", "sent_index"]).size()
-    assert (per_sentence == copies).all()
-    assert set(tables["errors"]["doc_id"]) <= set(ids)
-    return tables
+    return exactly_once_in(_tables(out), ids, copies)
 
 
 def _docs_snippet(heading: str) -> str:

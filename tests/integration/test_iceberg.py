@@ -51,7 +51,13 @@ def _run_snapshots(out: Path, table: str, run_id: str) -> list[dict[str, str]]:
 
 def _exactly_once(out: Path, ids: list[str], copies: int = 1) -> dict[str, pd.DataFrame]:
     """Every input document ``copies`` times (once per run), no sentence twice per run."""
-    tables = _tables(out)
+    return exactly_once_in(_tables(out), ids, copies)
+
+
+def exactly_once_in(
+    tables: dict[str, pd.DataFrame], ids: list[str], copies: int = 1
+) -> dict[str, pd.DataFrame]:
+    """The check on a warehouse's tables as any reader loads them (Iceberg, Delta)."""
     assert sorted(tables["documents"]["doc_id"]) == sorted(ids * copies)
     per_sentence = tables["sentences"].groupby(["doc_id", "sent_index"]).size()
     assert (per_sentence == copies).all()
