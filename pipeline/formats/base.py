@@ -19,7 +19,7 @@ methods; they never branch on a format's name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import pyarrow.fs as pafs
@@ -46,7 +46,9 @@ class TableFormat(ABC):
         """Does the output ``root`` (whose top-level entries are ``names``) hold this
         format's output?"""
 
-    @abstractmethod
+    # The sink class a run writes this format with (constructed as below)
+    sink_class: ClassVar[Callable[..., RunSink]]
+
     def sink(
         self,
         fs: pafs.FileSystem,
@@ -56,6 +58,7 @@ class TableFormat(ABC):
         stages: Sequence[str] = (),
     ) -> RunSink:
         """The sink a run with ``cfg`` writes the output ``root`` with."""
+        return self.sink_class(fs, root, cfg, labels, stages)
 
     @abstractmethod
     def run_tables(

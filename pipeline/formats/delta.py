@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import urllib.parse
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -35,7 +34,7 @@ from docintel.pipeline.formats.warehouse import (
     WarehouseSink,
     latest_run,
 )
-from docintel.pipeline.sink import TABLES, RunSink
+from docintel.pipeline.sink import TABLES
 from docintel.pipeline.storage import is_local
 from docintel.pipeline.tables import RunTables
 
@@ -176,21 +175,12 @@ class DeltaFormat(TableFormat):
     name = "delta"
     what = "Delta Lake output of docintel (documents/_delta_log/)"
     warehouse = True
+    sink_class = DeltaSink
 
     def holds(self, fs: pafs.FileSystem, root: str, names: set[str]) -> bool:
         return "documents" in names and (
             fs.get_file_info(f"{root}/documents/{LOG}").type == pafs.FileType.Directory
         )
-
-    def sink(
-        self,
-        fs: pafs.FileSystem,
-        root: str,
-        cfg: Config,
-        labels: Sequence[str],
-        stages: Sequence[str] = (),
-    ) -> RunSink:
-        return DeltaSink(fs, root, cfg, labels, stages)
 
     def run_tables(
         self, fs: pafs.FileSystem, root: str, cfg: Config, run_id: str | None

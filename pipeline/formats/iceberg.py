@@ -20,7 +20,6 @@ wrote, never the whole table's).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -37,7 +36,7 @@ from docintel.pipeline.formats.warehouse import (
     latest_run,
     redact,
 )
-from docintel.pipeline.sink import TABLES, RunSink
+from docintel.pipeline.sink import TABLES
 from docintel.pipeline.storage import is_local
 from docintel.pipeline.tables import RunTables
 
@@ -332,19 +331,10 @@ class IcebergFormat(TableFormat):
     name = "iceberg"
     what = f"an Iceberg warehouse of docintel ({CATALOG_DB}, {RUNS}/)"
     warehouse = True
+    sink_class = IcebergSink
 
     def holds(self, fs: pafs.FileSystem, root: str, names: set[str]) -> bool:  # noqa: ARG002
         return bool(names & {CATALOG_DB, RUNS})
-
-    def sink(
-        self,
-        fs: pafs.FileSystem,
-        root: str,
-        cfg: Config,
-        labels: Sequence[str],
-        stages: Sequence[str] = (),
-    ) -> RunSink:
-        return IcebergSink(fs, root, cfg, labels, stages)
 
     def run_tables(
         self, fs: pafs.FileSystem, root: str, cfg: Config, run_id: str | None

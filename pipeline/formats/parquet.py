@@ -74,7 +74,13 @@ from docintel.pipeline.storage import display_uri, is_local
 from docintel.pipeline.tables import Part, RunTables
 
 
-def parquet_sink(fs: pafs.FileSystem, root: str, cfg: Config, labels: Sequence[str]) -> RunSink:
+def parquet_sink(
+    fs: pafs.FileSystem,
+    root: str,
+    cfg: Config,
+    labels: Sequence[str],
+    stages: Sequence[str] = (),  # noqa: ARG001 (parts take any sentence columns)
+) -> RunSink:
     """The Parquet-parts sink of a run with ``cfg``."""
     return ParquetPartsSink(
         fs, root, tuple(labels), cfg.run.embeddings, int(cfg.run.part_target_mb * 2**20)
@@ -420,19 +426,10 @@ class ParquetFormat(TableFormat):
     name = "parquet"
     what = "Parquet output of docintel (documents/, _manifest.json)"
     markers = (MANIFEST, RUN_STATE, *TABLES)
+    sink_class = staticmethod(parquet_sink)  # Parquet parts take any sentence columns
 
     def holds(self, fs: pafs.FileSystem, root: str, names: set[str]) -> bool:  # noqa: ARG002
         return bool(names & set(self.markers))
-
-    def sink(
-        self,
-        fs: pafs.FileSystem,
-        root: str,
-        cfg: Config,
-        labels: Sequence[str],
-        stages: Sequence[str] = (),  # noqa: ARG002 (Parquet parts take any sentence columns)
-    ) -> RunSink:
-        return parquet_sink(fs, root, cfg, labels)
 
     def run_tables(
         self,
