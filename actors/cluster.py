@@ -19,7 +19,7 @@ from docintel.actors.resources import check_layout
 from docintel.pipeline import registry
 from docintel.pipeline.config import AUTO, Config
 from docintel.pipeline.errors import UsageError
-from docintel.pipeline.layout import ClusterShape, Pool, stage_layout
+from docintel.pipeline.run.layout import ClusterShape, Pool, stage_layout
 
 __all__ = ["actor_name", "current_shape", "ray_session", "stage_pools"]
 

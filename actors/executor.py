@@ -3,12 +3,12 @@
 Each batch moves read → every stage of the chain in order → write. The driver only passes
 ObjectRefs from call to call (``fetch_local=False``): document data never reaches it.
 A batch advances to the next stage when its previous call finished and the dispatcher
-grants a replica slot (pipeline/dispatch.py: GPU first, CPU when the GPU replicas are
+grants a replica slot (pipeline/run/dispatch.py: GPU first, CPU when the GPU replicas are
 saturated, else the batch waits here); at most ``max_batches`` batches are between read
 and write at once, so memory stays bounded whatever the corpus size. The driver tells the
 dispatcher when it submitted and when it saw each call finish, which is how the policy
 learns each replica's service time. A batch spilled to a CPU pool may run there as
-slices, joined by the step after (pipeline/slices.py): the executor cuts the call, queues
+slices, joined by the step after (pipeline/run/slices.py): the executor cuts the call, queues
 the slices for CPU slots, and hands the next step every slice's ref once all finished.
 """
 
@@ -28,12 +28,12 @@ from ray.exceptions import RayError
 from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import task_options
 from docintel.pipeline.batch import Batch
-from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import RunFailed
-from docintel.pipeline.pieces import Pieces, Split, passed_on, piece_id, take
-from docintel.pipeline.sink import BatchStats, RunSink
-from docintel.pipeline.slices import SliceSizer, join
-from docintel.pipeline.source import WorkUnit, read_unit
+from docintel.pipeline.input.source import WorkUnit, read_unit
+from docintel.pipeline.output.sink import BatchStats, RunSink
+from docintel.pipeline.run.dispatch import Dispatcher, Replica
+from docintel.pipeline.run.pieces import Pieces, Split, passed_on, piece_id, take
+from docintel.pipeline.run.slices import SliceSizer, join
 
 READ = "read"
 WRITE = "write"
@@ -74,13 +74,13 @@ class _Flight:
     read_ref: ray.ObjectRef  # kept so a failed chain can restart from the read
     attempts: int = 1
     pools: dict[str, str] = field(default_factory=dict)  # stage -> pool that served it
-    piece: int = -1  # a piece of a split batch (pipeline/pieces.py): its index
+    piece: int = -1  # a piece of a split batch (pipeline/run/pieces.py): its index
     split_ref: ray.ObjectRef | None = None  # the splitting stage's result (its pieces)
 
 
 @dataclass
 class _Sliced:
-    """One stage call of a batch run as ``k`` slices on the CPU pool (pipeline/slices.py):
+    """One stage call of a batch run as ``k`` slices on the CPU pool (pipeline/run/slices.py):
     the slices' result refs, in order, as they finish; the next step gets all of them."""
 
     flight: _Flight
@@ -101,7 +101,7 @@ Call = tuple[_Flight, str, Replica | None, tuple[_Sliced, int] | None]
 
 @dataclass(frozen=True)
 class Sink:
-    """The run's sink (pipeline/sink.py), put in the object store once per run: each write
+    """The run's sink (pipeline/output/sink.py), put in the object store once per run: each write
     task is handed this ref, not a copy of the sink pickled into every task."""
 
     ref: ray.ObjectRef  # of a RunSink
@@ -175,7 +175,7 @@ class Executor:
         steps = [READ, *self.stages, WRITE]
         self.after = dict(itertools.pairwise(steps))
         # the stage that makes sentence rows splits a batch over the bound into pieces
-        # (pipeline/pieces.py); the step after it is told which piece each call serves
+        # (pipeline/run/pieces.py); the step after it is told which piece each call serves
         self.split_stage = split_stage if split_stage in self.stages else None
         self.takes_piece = self.after[split_stage] if self.split_stage else None
         self.source_fs = source_fs
@@ -198,10 +198,10 @@ class Executor:
         self.held_s: Counter[str] = Counter()
         self.opened: dict[str, float] = {}
         # Per stage, the admitted batches not yet submitted to it (the dispatcher's outlook
-        # once the input is exhausted: pipeline/dispatch.py, rule 4), kept up to date as
+        # once the input is exhausted: pipeline/run/dispatch.py, rule 4), kept up to date as
         # batches are admitted, submitted and retried: O(1) per event.
         self.unsubmitted: Counter[str] = Counter()
-        # Spilled calls cut into slices sized for the CPU replica (pipeline/slices.py):
+        # Spilled calls cut into slices sized for the CPU replica (pipeline/run/slices.py):
         # per stage, the slices waiting for a CPU slot, and how many slices a batch gets.
         self.slicing, self.sizer = slicing, SliceSizer()
         self.slice_queue: dict[str, deque[tuple[_Sliced, int, Input]]] = {

@@ -1,6 +1,6 @@
 """Stage pools that follow the cluster while a run goes on.
 
-At the start, every replica of the layout (pipeline/layout.py, sized to the cluster) is
+At the start, every replica of the layout (pipeline/run/layout.py, sized to the cluster) is
 created, and the run begins at once: reads, and the stages whose replicas are ready, go on
 while the others load their models (a replica joins the dispatcher when its model has
 loaded; one of the starting layout that fails to load fails the run with the stage's own
@@ -42,9 +42,10 @@ from docintel.actors.metrics import RunMetrics
 from docintel.actors.resources import actor_options
 from docintel.actors.stages import StageActor
 from docintel.pipeline.config import AUTO
-from docintel.pipeline.dispatch import Dispatcher, Replica
 from docintel.pipeline.errors import DocintelError, RunFailed
-from docintel.pipeline.layout import (
+from docintel.pipeline.registry import Chain
+from docintel.pipeline.run.dispatch import Dispatcher, Replica
+from docintel.pipeline.run.layout import (
     CPU_POOL,
     GPU_POOL,
     ClusterShape,
@@ -53,7 +54,6 @@ from docintel.pipeline.layout import (
     build_stage,
     stage_layout,
 )
-from docintel.pipeline.registry import Chain
 
 _ACTOR = ray.remote(StageActor)  # one actor class for every stage
 WATCH_S = 2.0  # how often the driver looks at the cluster's nodes (one GCS call)

@@ -1,4 +1,4 @@
-"""The one place that turns resources (data: docintel.pipeline.layout.Pool) into Ray options,
+"""The one place that turns resources (data: docintel.pipeline.run.layout.Pool) into Ray options,
 and the driver's check that a layout fits the cluster."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.layout import GPU_POOL, ClusterShape, Pool, unplaceable
+from docintel.pipeline.run.layout import GPU_POOL, ClusterShape, Pool, unplaceable
 
 # Ray restarts a dead stage actor (killed, OOM) this many times and re-runs the calls it
 # had in flight, so a crash costs a reload, not the run. Beyond that the executor retries

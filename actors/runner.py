@@ -1,9 +1,9 @@
 """The one run function behind `docintel run`, the Ray batch job and the nightly audit.
 
 Order: every check that can fail on bad usage runs on the driver first
-(:func:`docintel.pipeline.plan.prepare`, exit code 2), the output is opened
-(:class:`docintel.pipeline.output.RunOutput`: new run, resume or already complete), then Ray
-starts, the stage pools load their models, batches stream through the
+(:func:`docintel.pipeline.run.plan.prepare`, exit code 2), the output is opened
+(:class:`docintel.pipeline.output.protocol.RunOutput`: new run, resume or already
+complete), then Ray starts, the stage pools load their models, batches stream through the
 :class:`~docintel.actors.executor.Executor`, and the output is committed (manifest last).
 """
 
@@ -19,12 +19,12 @@ from docintel.actors import cluster
 from docintel.actors.executor import Executor, Sink
 from docintel.actors.resources import task_options
 from docintel.pipeline.config import Config
-from docintel.pipeline.layout import Pool, stage_layout
-from docintel.pipeline.lease import LeaseLost
-from docintel.pipeline.output import RunOutput, RunSummary
-from docintel.pipeline.pieces import completed
-from docintel.pipeline.plan import Plan, ensure_derived, prepare
-from docintel.pipeline.sink import BatchStats, TaskMap
+from docintel.pipeline.output.protocol import RunOutput, RunSummary
+from docintel.pipeline.output.sink import BatchStats, TaskMap
+from docintel.pipeline.run.layout import Pool, stage_layout
+from docintel.pipeline.run.lease import LeaseLost
+from docintel.pipeline.run.pieces import completed
+from docintel.pipeline.run.plan import Plan, ensure_derived, prepare
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
@@ -124,7 +124,7 @@ def _stream(
             if on_batch:
                 on_batch(stats)
 
-        # a batch split into pieces is done when all its pieces are (pipeline/pieces.py)
+        # a batch split into pieces is done when all its pieces are (pipeline/run/pieces.py)
         executor.run(p.units, completed(output.resumed), record)
         # start-up: checks, Ray, reads and model loads until the first replica call (the
         # other replicas load meanwhile); processing: from there to the last batch written
@@ -155,7 +155,7 @@ _sink_task = ray.remote(_apply)
 
 
 def _compact(cfg: Config, output: RunOutput) -> None:
-    """Let the sink finish the output (merge small parts: pipeline/sink.py) on the
+    """Let the sink finish the output (merge small parts: pipeline/output/sink.py) on the
     cluster's I/O tasks, a few at a time, under the output's lease."""
     output.finish(_task_map(cfg, output))
 

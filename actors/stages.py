@@ -1,7 +1,7 @@
 """The Ray actor that hosts a stage replica. It loads its model once, in its own process.
 
 Which stage object a replica holds (stage, pool, backend, faults) is decided on the driver
-(docintel.pipeline.layout.build_stage, from the stage's registry entry); the actor only
+(docintel.pipeline.run.layout.build_stage, from the stage's registry entry); the actor only
 hosts it."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import ray
 
 from docintel.actors.metrics import report_gpu_memory
 from docintel.pipeline.batch import Batch
-from docintel.pipeline.pieces import Pieces, Split, passed_on, split, take
+from docintel.pipeline.run.pieces import Pieces, Split, passed_on, split, take
+from docintel.pipeline.run.slices import join, slice_of
 from docintel.pipeline.schema import BACKEND_GPU_BF16, BACKEND_GPU_FP16, BACKEND_GPU_FP32
-from docintel.pipeline.slices import join, slice_of
 from docintel.pipeline.stages import Stage, run_stage
 
 CUDA_BACKENDS = (BACKEND_GPU_FP16, BACKEND_GPU_BF16, BACKEND_GPU_FP32)  # not gpu-sim
@@ -31,7 +31,7 @@ class StageActor:
         self.stage = stage
         self.key = key  # stage/pool/index, for metrics
         # the stage that makes sentence rows: batches over this many rows leave it split
-        # into pieces (pipeline/pieces.py); 0 = never split
+        # into pieces (pipeline/run/pieces.py); 0 = never split
         self.split_cap = split_cap
         self.setup_error: Exception | None = None
         try:
@@ -54,8 +54,8 @@ class StageActor:
     ) -> Batch | Pieces | Split:
         """Run the stage on ``batch`` (its piece ``piece``, for a split batch). The stage
         that makes sentence rows returns a result over the bound as its :class:`Pieces`;
-        the calls after it pass a :class:`Split` marker on (pipeline/pieces.py). ``more``:
-        the previous stage ran as slices (pipeline/slices.py), ``batch`` and ``more`` are
+        the calls after it pass a :class:`Split` marker on (pipeline/run/pieces.py). ``more``:
+        the previous stage ran as slices (pipeline/run/slices.py), ``batch`` and ``more`` are
         their results, joined first."""
         if self.setup_error is not None:
             raise self.setup_error
@@ -77,7 +77,7 @@ class StageActor:
         self, i: int, k: int, piece: int, *parts: Batch | Pieces | Split
     ) -> Batch | Split:
         """Slice ``i`` of ``k`` of one call (a batch spilled to this CPU pool; see
-        pipeline/slices.py); ``parts``: the input, or its slices when the previous stage
+        pipeline/run/slices.py); ``parts``: the input, or its slices when the previous stage
         ran sliced too."""
         if self.setup_error is not None:
             raise self.setup_error

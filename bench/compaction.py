@@ -1,8 +1,8 @@
 """Compaction cost: small batch parts merged into files of about ``run.part_target_mb``.
 
 Writes the parts of ``--batches`` batches as a run would (``documents``, ``sentences`` with
-384-d float32 embeddings, ``errors``: the real schemas, through ``docintel.pipeline.sink``),
-then merges them with the run's own code (``pipeline/compact.py``: plan, merge each group,
+384-d float32 embeddings, ``errors``: the real schemas, through ``docintel.pipeline.output.sink``),
+then merges them with the run's own code (``pipeline/output/compact.py``: plan, merge each group,
 delete the members), one group at a time in this process, and prints files before and
 after, bytes, and the merge throughput. The run does the same on its I/O tasks, several
 groups at once.
@@ -29,8 +29,8 @@ from bench.common import load_average, machine_lines  # noqa: E402
 from docintel.pipeline import compact  # noqa: E402
 from docintel.pipeline.batch import Batch  # noqa: E402
 from docintel.pipeline.formats.parquet import write_batch  # noqa: E402
+from docintel.pipeline.output.sink import TABLES  # noqa: E402
 from docintel.pipeline.schema import empty_errors  # noqa: E402
-from docintel.pipeline.sink import TABLES  # noqa: E402
 
 LABELS = ["Bearish", "Bullish", "Neutral"]
 DIM = 384

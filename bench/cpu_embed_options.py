@@ -71,7 +71,7 @@ class TorchCandidate:
 class OrtCandidate:
     def __init__(self, threads: int) -> None:
         from docintel.pipeline.config import Config
-        from docintel.pipeline.plan import ensure_derived
+        from docintel.pipeline.run.plan import ensure_derived
         from docintel.pipeline.stages.embed_int8 import OnnxEmbedder
 
         cfg = Config()

@@ -85,7 +85,7 @@ def step_speed(methods: list[str], steps: int, rounds: int) -> dict[str, Any]:
 
     transformers.logging.disable_progress_bar()
 
-    from docintel.pipeline.artefacts import stock_encoder_dir
+    from docintel.pipeline.artefacts.paths import stock_encoder_dir
     from docintel.pipeline.offline import finetune as ft
     from docintel.pipeline.offline.train import load_labelled
     from docintel.pipeline.stages.base import usable_cores

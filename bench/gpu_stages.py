@@ -47,9 +47,9 @@ def texts(n: int) -> list[str]:
 
 
 def build(args: argparse.Namespace) -> Any:
-    """The stage object the pipeline would give such a replica (pipeline/layout.py)."""
+    """The stage object the pipeline would give such a replica (pipeline/run/layout.py)."""
     from docintel.pipeline.config import ClassifyConfig, EmbedConfig
-    from docintel.pipeline.layout import CLASSIFY_THREADS
+    from docintel.pipeline.run.layout import CLASSIFY_THREADS
     from docintel.pipeline.stages.base import Placement
     from docintel.pipeline.stages.classify import Classifier, Int8Classifier
     from docintel.pipeline.stages.embed import Embedder

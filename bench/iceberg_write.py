@@ -37,7 +37,7 @@ from bench.compaction import LABELS, fake_batch  # noqa: E402
 from docintel.pipeline.config import load_config  # noqa: E402
 from docintel.pipeline.formats.iceberg import IcebergSink  # noqa: E402
 from docintel.pipeline.formats.parquet import ParquetPartsSink  # noqa: E402
-from docintel.pipeline.sink import in_process  # noqa: E402
+from docintel.pipeline.output.sink import in_process  # noqa: E402
 
 DEMO = REPO / "data" / "demo" / "documents.parquet"
 FORMATS = ("parquet", "iceberg")

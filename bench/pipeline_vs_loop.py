@@ -245,9 +245,9 @@ def merged_encoder_dir(work: Path) -> Path:
     Face folder (weights and tokenizer) for the loops: keyed by the encoder's version."""
     import shutil
 
+    from docintel.pipeline.artefacts.versions import fingerprint
     from docintel.pipeline.config import EmbedConfig
     from docintel.pipeline.stages.embed import load_encoder as merged_encoder
-    from docintel.pipeline.versions import fingerprint
 
     src = EmbedConfig().resolved_model_path()
     out = work / f"merged-encoder-{fingerprint(src).replace('@', '-')}"
@@ -655,7 +655,7 @@ class Run:
 def embed_threads() -> int:
     """The torch threads docintel gives one CPU embed replica with its default config."""
     from docintel.pipeline.config import load_config
-    from docintel.pipeline.layout import CPU_POOL, stage_layout
+    from docintel.pipeline.run.layout import CPU_POOL, stage_layout
     from docintel.pipeline.stages.base import usable_cores
 
     cfg = load_config()

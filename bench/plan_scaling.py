@@ -1,10 +1,10 @@
 """Benchmark: the driver's memory while planning a run, by corpus size (1 M and 10 M docs).
 
-Before any cluster work the driver runs ``docintel.pipeline.plan.prepare``: it checks the
+Before any cluster work the driver runs ``docintel.pipeline.run.plan.prepare``: it checks the
 models (reads the bundled classifier's metadata; no torch/TensorFlow model is loaded),
 lists the input files, reads their footers (``split_readable``), plans the work units
 (``plan``) and checks the document ids (``check_ids``: streaming, hash-partitioned
-duplicate detection on local disk, ``pipeline/idcheck.py``). The issue "Bounded at any
+duplicate detection on local disk, ``pipeline/input/idcheck.py``). The issue "Bounded at any
 size" asks that this take memory that does not grow with the corpus.
 
 For each size N (``--sizes``) the script writes N synthetic documents over ``--files``
@@ -22,7 +22,7 @@ Then, each in a FRESH Python subprocess so that its peak RSS belongs to that siz
   ``collections.Counter.update`` over all of them (the old code also kept a dict of each
   id's first file, so its real footprint was larger still).
 
-Both children import the same modules (docintel.pipeline.plan, its config, pyarrow)
+Both children import the same modules (docintel.pipeline.run.plan, its config, pyarrow)
 before measuring, so their baselines match. Reported per child: wall time; the RSS just
 before the measured call (baseline, after imports and a gc); the peak RSS during the call
 (VmHWM, reset to the baseline just before the call by writing 5 to /proc/self/clear_refs;
@@ -76,7 +76,7 @@ DISK_SAMPLE_S = 0.05
 MIB = 1024 * 1024
 RESULT_PREFIX = "RESULT "
 PHASES = ("check_models", "resolve_input", "split_readable", "plan", "check_ids")
-# the function of docintel.pipeline.plan each phase times, where its name differs
+# the function of docintel.pipeline.run.plan each phase times, where its name differs
 PHASE_FUNCTIONS = {"plan": "plan_sized"}
 
 
@@ -203,8 +203,8 @@ def child_prepare(folder: Path, tmp_root: Path) -> dict:
     import gc
     import tempfile
 
-    from docintel.pipeline import plan as plan_mod
     from docintel.pipeline.config import load_config
+    from docintel.pipeline.run import plan as plan_mod
 
     phases: dict[str, dict[str, float]] = {}
 
@@ -479,7 +479,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        description="Peak driver memory and time of planning a run (docintel.pipeline.plan."
+        description="Peak driver memory and time of planning a run (docintel.pipeline.run.plan."
         "prepare: model checks, file listing, footers, work units, id check) against the "
         "naive Counter-of-all-ids check, each size in a fresh subprocess.",
         epilog="Run from the repository root: .venv/bin/python bench/plan_scaling.py",

@@ -59,13 +59,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from docintel.pipeline.artefacts import (  # noqa: E402
+from docintel.pipeline.artefacts.paths import (  # noqa: E402
     CLASSIFIER_MODEL_FILE,
     LABELS_FILE,
     TRAINING_FILE,
 )
 from docintel.pipeline.config import ClassifyConfig, EmbedConfig  # noqa: E402
-from docintel.pipeline.layout import CLASSIFY_THREADS  # noqa: E402 (after the sys.path fix above)
 from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped recipe, measured here
     build_int8,
     build_int8_classifier,
@@ -73,6 +72,7 @@ from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped rec
     keras_head_to_onnx,
     quantize_classifier_onnx,
 )
+from docintel.pipeline.run.layout import CLASSIFY_THREADS  # noqa: E402 (after the sys.path fix above)
 from docintel.pipeline.schema import EMBEDDING  # noqa: E402
 from docintel.pipeline.stages.classify import (  # noqa: E402
     Classifier,

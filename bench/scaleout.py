@@ -62,8 +62,8 @@ from bench.simcluster import SimCluster, affinity, warm_io_workers  # noqa: E402
 from docintel.actors.cluster import actor_name  # noqa: E402 - after the sys.path line
 from docintel.actors.runner import execute  # noqa: E402
 from docintel.pipeline.config import Config, load_config  # noqa: E402
-from docintel.pipeline.output import RunSummary  # noqa: E402
-from docintel.pipeline.source import MAX_BATCH_DOCS  # noqa: E402
+from docintel.pipeline.input.source import MAX_BATCH_DOCS  # noqa: E402
+from docintel.pipeline.output.protocol import RunSummary  # noqa: E402
 
 STAGES = ("sentencize", "embed", "classify")
 CORES = (0, 1)  # stand-in GPU node i runs on core CORES[i % 2]

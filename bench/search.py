@@ -40,10 +40,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import load_config
+from docintel.pipeline.output.sink import MANIFEST, parquet_options
 from docintel.pipeline.schema import sentences_schema
-from docintel.pipeline.sink import MANIFEST, parquet_options
-from docintel.pipeline.versions import fingerprint
 
 DIM = 384
 ROWS_PER_PART = 65_536
@@ -134,7 +134,7 @@ def _pcts(times: list[float]) -> dict[str, float]:
 
 
 def child_build(root: Path, _q: np.ndarray, _args: argparse.Namespace) -> dict[str, Any]:
-    from docintel.pipeline.ann_index import build_index
+    from docintel.pipeline.search.index import build_index
 
     t0 = time.perf_counter()
     record = build_index(str(root))
@@ -143,8 +143,8 @@ def child_build(root: Path, _q: np.ndarray, _args: argparse.Namespace) -> dict[s
 
 
 def child_exact(root: Path, q: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
-    from docintel.pipeline.search import exact_search
-    from docintel.pipeline.search_source import Filters, SentencesSource
+    from docintel.pipeline.search.query import exact_search
+    from docintel.pipeline.search.source import Filters, SentencesSource
 
     source = SentencesSource.open(str(root))
     times = []
@@ -161,8 +161,8 @@ def child_exact(root: Path, q: np.ndarray, args: argparse.Namespace) -> dict[str
 
 
 def child_indexed(root: Path, q: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
-    from docintel.pipeline import ann_index
-    from docintel.pipeline.search_source import Filters, SentencesSource
+    from docintel.pipeline.search import index as ann_index
+    from docintel.pipeline.search.source import Filters, SentencesSource
 
     source = SentencesSource.open(str(root))
     index, _ = ann_index.find(source)
@@ -189,7 +189,7 @@ def child_indexed(root: Path, q: np.ndarray, args: argparse.Namespace) -> dict[s
 
 
 def child_encode(_root: Path, _q: np.ndarray, _args: argparse.Namespace) -> dict[str, Any]:
-    from docintel.pipeline.search import QueryEncoder
+    from docintel.pipeline.search.query import QueryEncoder
 
     enc = QueryEncoder(load_config().embed)
     enc.encode(["warm up"])

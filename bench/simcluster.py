@@ -191,7 +191,7 @@ class NodeWatch(threading.Thread):
 def _warm() -> int:
     # the modules a read and a write task import, so the first real ones start warm
     import docintel.pipeline.formats.parquet
-    import docintel.pipeline.source  # noqa: F401
+    import docintel.pipeline.input.source  # noqa: F401
 
     time.sleep(WARM_TASK_S)
     return os.getpid()

@@ -76,7 +76,7 @@ from bench.simcluster import NodeWatch, SimCluster, affinity, warm_io_workers  #
 from docintel.actors.cluster import actor_name  # noqa: E402 - after the sys.path line
 from docintel.actors.runner import execute  # noqa: E402
 from docintel.pipeline.config import Config, load_config  # noqa: E402
-from docintel.pipeline.output import RunSummary  # noqa: E402
+from docintel.pipeline.output.protocol import RunSummary  # noqa: E402
 
 DEMO = REPO / "data" / "demo" / "documents.parquet"
 BATCH = 8  # documents per batch (default): many batches, so routing decisions dominate

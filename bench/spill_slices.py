@@ -1,4 +1,4 @@
-"""Spill calls sized for the CPU replica (pipeline/slices.py): slicing on against off.
+"""Spill calls sized for the CPU replica (pipeline/run/slices.py): slicing on against off.
 
 Both pools are **modelled** so the measurement is the dispatcher and the driver, not this
 machine's two cores: GPU replicas sleep ``--gpu-s`` per sentence (``[faults]

@@ -144,7 +144,7 @@ def resolve_model(model: str) -> tuple[Path, str | None]:
     with when the name or folder implies one (None: keep the configured encoder).
     'default' and 'stock' are the bundled models (installed package data, wherever
     docintel is run from); a folder of `docintel train --fine-tune` brings its encoder/."""
-    from docintel.pipeline.artefacts import ENCODER_SUBDIR, STOCK
+    from docintel.pipeline.artefacts.paths import ENCODER_SUBDIR, STOCK
     from docintel.pipeline.config import DEFAULT_MODEL_NAME, ClassifyConfig
 
     if model in (DEFAULT_MODEL_NAME, STOCK):
@@ -294,7 +294,7 @@ def train(
 def print_calibration(model_dir: Path) -> None:
     """The calibration the head's training.json records: the ECE it reached (stdout), and
     a warning (stderr) when its hold-out was small."""
-    from docintel.pipeline.artefacts import TRAINING_FILE
+    from docintel.pipeline.artefacts.paths import TRAINING_FILE
     from docintel.pipeline.offline.calibration import small_holdout_warning, summary_line
     from docintel.pipeline.stages.classify import CALIBRATION_KEY
 
@@ -386,7 +386,7 @@ def quantize(
 
       docintel run data/demo/documents.parquet demo-out --gpus 1
     """
-    from docintel.pipeline.artefacts import build_lock
+    from docintel.pipeline.artefacts.paths import build_lock
     from docintel.pipeline.offline import quantize as q
 
     try:

@@ -36,7 +36,7 @@ from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from docintel.pipeline.ingest import IngestResult
+    from docintel.pipeline.input.ingest import IngestResult
 
 InputArg = Annotated[
     str,
@@ -299,7 +299,7 @@ def ingest(
     folder: FolderArg,
     output: ParquetOutArg,
     pattern: PatternOpt = None,
-    max_file_mib: MaxFileOpt = 64,  # docintel.pipeline.ingest.MAX_FILE_BYTES (tested)
+    max_file_mib: MaxFileOpt = 64,  # docintel.pipeline.input.ingest.MAX_FILE_BYTES (tested)
     encoding: EncodingOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
@@ -328,7 +328,7 @@ def ingest(
 
       docintel run reports.parquet out/
     """
-    from docintel.pipeline.ingest import ingest_folder
+    from docintel.pipeline.input.ingest import ingest_folder
 
     bar = _files_bar(progress)
     task = bar.add_task("ingest", total=None)

@@ -1,5 +1,5 @@
 """`docintel search` and `docintel index`: options, help and printing only (the logic is
-docintel.pipeline.search and docintel.pipeline.ann_index)."""
+docintel.pipeline.search.query and docintel.pipeline.search.index)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.untrusted import json_text
 
 if TYPE_CHECKING:
-    from docintel.pipeline.ann_index import IndexParams
     from docintel.pipeline.config import Config
-    from docintel.pipeline.search import SearchResult
+    from docintel.pipeline.search.index import IndexParams
+    from docintel.pipeline.search.query import SearchResult
 
 OutputArg = Annotated[str, typer.Argument(help="A committed run's output: folder or s3://prefix.")]
 QueryArg = Annotated[str | None, typer.Argument(help="The text to search for (or --queries FILE).")]
@@ -89,8 +89,8 @@ def search(
 
       docintel search s3://bucket/run1 --queries watch.txt --doc-id 10-K/
     """
-    from docintel.pipeline.search import Filters, read_queries
-    from docintel.pipeline.search import search as run_search
+    from docintel.pipeline.search.query import Filters, read_queries
+    from docintel.pipeline.search.query import search as run_search
 
     try:
         texts = [query] if query is not None else []
@@ -200,7 +200,7 @@ def index(
 
       docintel index s3://bucket/run1 --ray-address auto
     """
-    from docintel.pipeline.ann_index import IndexParams, build_index
+    from docintel.pipeline.search.index import IndexParams, build_index
 
     params = IndexParams(partitions, sub_vectors, nprobes, refine_factor)
     try:
@@ -224,12 +224,12 @@ def index(
 
 
 def build_on_ray(address: str, output_uri: str, cfg: Config, params: IndexParams) -> dict[str, Any]:
-    """docintel.pipeline.ann_index.build_index as one Ray task on the cluster at
+    """docintel.pipeline.search.index.build_index as one Ray task on the cluster at
     ``address`` (or the Ray this process already runs), with every CPU of the smallest
     node (Lance trains IVF-PQ on native threads); not retried: a failed build is rerun."""
     import ray
 
-    from docintel.pipeline.ann_index import build_index
+    from docintel.pipeline.search.index import build_index
 
     if not ray.is_initialized():
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)

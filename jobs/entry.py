@@ -12,7 +12,7 @@ from docintel.jobs.ui import safe
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import DocintelError
 from docintel.pipeline.exitcodes import ExitCode, error_kind, exit_code
-from docintel.pipeline.sink import BatchStats
+from docintel.pipeline.output.sink import BatchStats
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"  # set by Ray's job supervisor for the entrypoint
 # A progress line at most this often (plus the first and the last): enough to see a job

@@ -156,7 +156,7 @@ def _log_warning(
 
 
 def framework_log() -> Path:
-    from docintel.pipeline.artefacts import cache_dir
+    from docintel.pipeline.artefacts.paths import cache_dir
 
     return cache_dir() / FRAMEWORK_LOG
 

@@ -55,12 +55,12 @@ DEFAULT_BATCH_SIZE = 128
 # runs MiniLM at ~50,000 short sentences/s; ~60 bytes a sentence, 1 MiB is ~17,000
 # sentences, ~0.35 s of work per stage call (the target is >= 0.25 s), and the driver's
 # fixed cost per batch (~3 ms: five Ray calls) is then ~0.2 us per short document. Bounded
-# by MAX_BATCH_DOCS documents (pipeline/source.py); a batch's sentences by
+# by MAX_BATCH_DOCS documents (pipeline/input/source.py); a batch's sentences by
 # max_batch_sentences below (~17,000 sentences and 26 MB of embeddings for news-like text).
 DEFAULT_GPU_BATCH_BYTES = 1 << 20
 # The hard bound on a batch's sentences (the memory bound): after the stage that makes
 # sentence rows, a batch with more is split into pieces of at most this many sentences, at
-# document boundaries (pipeline/pieces.py); each piece goes on, and is committed, alone.
+# document boundaries (pipeline/run/pieces.py); each piece goes on, and is committed, alone.
 # 65,536 sentences are 96 MiB of 384-d float32 embeddings plus their text; without it, 128
 # documents of 20,000 sentences each would be ~3.9 GB of embeddings in one batch.
 DEFAULT_MAX_BATCH_SENTENCES = 65_536
@@ -154,7 +154,7 @@ class RunConfig(_Strict):
     max_batch_sentences: int = Field(DEFAULT_MAX_BATCH_SENTENCES, ge=1)
     max_batches_in_flight: int = Field(DEFAULT_MAX_BATCHES_IN_FLIGHT, ge=0)
     # A batch spilled to a stage's CPU replicas runs as slices sized for them (about one
-    # GPU call's time each), joined before the next step (pipeline/slices.py); false =
+    # GPU call's time each), joined before the next step (pipeline/run/slices.py); false =
     # the whole batch as one CPU call. Scheduling only: the output is the same.
     spill_slicing: bool = True
     # One pattern for every format: a run id names files and folders (OUTPUT/_runs/<id>/)
@@ -166,7 +166,8 @@ class RunConfig(_Strict):
     embeddings: bool = True
     # Parts of consecutive small batches are merged at the end of a run into files of
     # about this many MiB (all three tables' parts of a batch count); 0 = one file per
-    # batch and table. See pipeline/sink.py (ParquetPartsSink) for the protocol and its trade-off.
+    # batch and table. See pipeline/formats/parquet.py (ParquetPartsSink) for the protocol
+    # and its trade-off.
     part_target_mb: float = Field(DEFAULT_PART_TARGET_MB, ge=0)
     # "" = start an embedded local Ray in this process; "auto" or "ray://…" = connect.
     ray_address: str = ""
@@ -188,7 +189,7 @@ class RunConfig(_Strict):
     spill: Literal["auto", "gpu-only", "cpu-only", "off"] = DEFAULT_SPILL
     # Fraction of documents that may end as error rows before the run fails (exit 1).
     max_error_fraction: float = Field(DEFAULT_MAX_ERROR_FRACTION, ge=0, le=1)
-    # One writer per output (pipeline/lease.py): claim lifetime, and how long to wait.
+    # One writer per output (pipeline/run/lease.py): claim lifetime, and how long to wait.
     lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, ge=3)
     lease_wait_s: float = Field(DEFAULT_LEASE_WAIT_S, ge=0)
     # A stage left without any live replica (their nodes left, none can be placed) fails
@@ -210,7 +211,7 @@ class PoolConfig(_Strict):
     """One stage's replicas: a CPU pool and a GPU pool, each replica with its resources.
 
     Replicas are "auto" by default, sized to the cluster when the run starts
-    (pipeline/layout.py): one GPU replica per stage per GPU; CPU replicas from the CPUs
+    (pipeline/run/layout.py): one GPU replica per stage per GPU; CPU replicas from the CPUs
     left over. ``min_*`` must be placeable (else exit 2 before any work); ``max_*`` caps
     the auto size (0 = no cap). An integer fixes the count.
     """
@@ -532,7 +533,7 @@ class _ConfigBase(_Strict):
 
     @model_validator(mode="after")
     def _document_fits_a_piece(self) -> Config:
-        # a batch is split at document boundaries (pipeline/pieces.py): one document's
+        # a batch is split at document boundaries (pipeline/run/pieces.py): one document's
         # sentences must fit the bound, or the bound would not hold
         if self.sentencize.max_sentences > self.run.max_batch_sentences:
             raise ValueError(

@@ -50,12 +50,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     FP32_MODEL_FILE,
     INT8_MODEL_FILE,
     classifier_fp32_path,
     classifier_int8_path,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ConfigError, ModelError
 from docintel.pipeline.schema import (
     DOC_ID,
@@ -99,7 +100,6 @@ from docintel.pipeline.stages.spec import (  # re-exported: the declaration's wo
     StageSpec,
     placement,
 )
-from docintel.pipeline.versions import fingerprint
 
 if TYPE_CHECKING:  # the config is assembled from the declarations below
     from docintel.pipeline.config import Config
@@ -503,7 +503,7 @@ class Chain:
     @property
     def split_stage(self) -> str | None:
         """The stage after which a batch over ``[run] max_batch_sentences`` sentence rows
-        is split into pieces (pipeline/pieces.py): the first that makes sentence rows."""
+        is split into pieces (pipeline/run/pieces.py): the first that makes sentence rows."""
         return next((s.name for s in self.specs if SENT_INDEX in s.output_columns), None)
 
     def split_cap(self, stage: str) -> int:

@@ -27,7 +27,7 @@ PROBS = "probs"  # internal: the full probability vector, aggregated per documen
 
 # Backend labels, written on every sentence row (``<stage>_backend``) and counted in the
 # manifest: how a stage computed its result. Not the pool a replica belongs to ("gpu" or
-# "cpu", docintel.pipeline.layout): a GPU-pool replica without CUDA writes gpu-sim.
+# "cpu", docintel.pipeline.run.layout): a GPU-pool replica without CUDA writes gpu-sim.
 BACKEND_GPU_FP16 = "gpu-fp16"
 BACKEND_GPU_BF16 = "gpu-bf16"  # cards with bfloat16 (Ampere and newer)
 BACKEND_GPU_FP32 = "gpu-fp32"  # GPU stages without a half-precision path (spaCy, the head)

@@ -25,7 +25,7 @@ VALID_CSV = REPO / "data" / "twitter_fin_sentiment" / "sent_valid.csv"
 def pytest_configure(config: pytest.Config) -> None:
     """Derived artefacts (int8 models) go to a cache folder of this test session, never to
     the user's ~/.cache/docintel; subprocesses and Ray workers inherit the variable."""
-    from docintel.pipeline.artefacts import CACHE_ENV
+    from docintel.pipeline.artefacts.paths import CACHE_ENV
 
     if CACHE_ENV not in os.environ:
         import tempfile

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from docintel.pipeline.audit.state import CONTENT_HASH, PROCESSED_DATE
 from docintel.pipeline.audit.tables import NightTables
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.schema import DOC_ID, LABEL, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.tables import RunTables
 
 NEW, CHANGED, REMOVED, REPROCESSED = "new", "changed", "removed", "reprocessed"
 CHANGE = "change"

@@ -44,9 +44,9 @@ from docintel.pipeline.audit.state import (
 )
 from docintel.pipeline.audit.tables import NightTables
 from docintel.pipeline.formats.parquet import PART, SUFFIX, part_files
+from docintel.pipeline.output.sink import atomic_write
+from docintel.pipeline.output.tables import Part, plain
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL
-from docintel.pipeline.sink import atomic_write
-from docintel.pipeline.tables import Part, plain
 
 LATEST_DIR = "latest"
 LATEST_MARKER = "_latest.json"

@@ -45,12 +45,12 @@ from docintel.pipeline.audit.tables import (
 )
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError, OutputError, RunFailed, UsageError
-from docintel.pipeline.lease import Lease
-from docintel.pipeline.output import RunSummary
-from docintel.pipeline.plan import check_models, ensure_derived
+from docintel.pipeline.output.protocol import RunSummary
+from docintel.pipeline.output.sink import BatchStats, resolve_output
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.report import REPORT_HTML, REPORT_JSON, write_report
-from docintel.pipeline.sink import BatchStats, resolve_output
-from docintel.pipeline.tables import RunTables
+from docintel.pipeline.run.lease import Lease
+from docintel.pipeline.run.plan import check_models, ensure_derived
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
@@ -291,8 +291,8 @@ def _night_changes(
 def _watch(cfg: Config, tables: RunTables) -> list[dict[str, Any]]:
     """The ``[audit] watch`` queries' top sentences among the night's new and changed
     documents (the night's run), one flat row per hit for the report's watch list."""
-    from docintel.pipeline.search import watch_hits  # the encoder: only when asked
-    from docintel.pipeline.search_source import SentencesSource
+    from docintel.pipeline.search.query import watch_hits  # the encoder: only when asked
+    from docintel.pipeline.search.source import SentencesSource
 
     a = cfg.audit
     found = watch_hits(SentencesSource.of(tables, cfg.storage), a.watch, None, a.watch_top, cfg)

@@ -28,9 +28,9 @@ from docintel.pipeline.audit.state import (
 )
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import InputError, RunFailed
+from docintel.pipeline.input.source import InputFile, resolve_input
+from docintel.pipeline.output.sink import atomic_write
 from docintel.pipeline.schema import DOC_ID
-from docintel.pipeline.sink import atomic_write
-from docintel.pipeline.source import InputFile, resolve_input
 from docintel.pipeline.storage import is_local, s3_error
 
 # Rows hashed per step while streaming a source file: bounds memory on huge files

@@ -27,13 +27,13 @@ import pyarrow.parquet as pq
 
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import ConfigError, OutputError
-from docintel.pipeline.lease import store_at
+from docintel.pipeline.output.sink import atomic_write
+from docintel.pipeline.run.lease import store_at
 from docintel.pipeline.schema import DOC_ID
-from docintel.pipeline.sink import atomic_write
 from docintel.pipeline.storage import display_uri
 
 if TYPE_CHECKING:
-    from docintel.pipeline.output import RunSummary
+    from docintel.pipeline.output.protocol import RunSummary
 
 AUDIT_DIR = "_audit"  # leading underscore: pyarrow.dataset and docintel inputs skip it
 STATE_FILE = "state.json"

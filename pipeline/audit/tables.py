@@ -20,8 +20,8 @@ from docintel.pipeline import formats, registry
 from docintel.pipeline.audit.state import AuditLayout
 from docintel.pipeline.config import Config
 from docintel.pipeline.formats import TableFormat
-from docintel.pipeline.sink import MANIFEST, RUN_STATE, read_json
-from docintel.pipeline.tables import RunTables
+from docintel.pipeline.output.sink import MANIFEST, RUN_STATE, read_json
+from docintel.pipeline.output.tables import RunTables
 
 NightTables = Callable[[str], RunTables]  # a night's date -> its run's tables
 

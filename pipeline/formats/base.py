@@ -2,17 +2,17 @@
 
 A format owns four things, and nothing outside its module knows them:
 
-* its **sink** (pipeline/sink.py's :class:`~docintel.pipeline.sink.RunSink`): how a run
-  writes OUTPUT, exactly once, from open to commit;
-* its **reader** (pipeline/tables.py's :class:`~docintel.pipeline.tables.RunTables`): one
+* its **sink** (:class:`~docintel.pipeline.output.sink.RunSink`): how a run writes
+  OUTPUT, exactly once, from open to commit;
+* its **reader** (:class:`~docintel.pipeline.output.tables.RunTables`): one
   committed run's tables as Arrow, for the audit's report, changes and ``latest/`` view,
   and for ``docintel search`` / ``docintel index``;
 * its **marker files** and its **detection** (:meth:`TableFormat.holds`): what in OUTPUT
   says "this format's output is here", so that a run never writes one format among
   another's files, and a reader opens an output in the format that wrote it.
 
-The run (pipeline/output.py), the audit (pipeline/audit/tables.py) and search
-(pipeline/search_source.py) ask the registry (``docintel.pipeline.formats``) and these
+The run (pipeline/output/protocol.py), the audit (pipeline/audit/tables.py) and search
+(pipeline/search/source.py) ask the registry (``docintel.pipeline.formats``) and these
 methods; they never branch on a format's name.
 """
 
@@ -25,8 +25,8 @@ from typing import ClassVar
 import pyarrow.fs as pafs
 
 from docintel.pipeline.config import Config
-from docintel.pipeline.sink import RunSink
-from docintel.pipeline.tables import RunTables
+from docintel.pipeline.output.sink import RunSink
+from docintel.pipeline.output.tables import RunTables
 
 RUNS = "_runs"  # a warehouse format's per-run files: OUTPUT/_runs/<run id>/
 

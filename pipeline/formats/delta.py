@@ -34,9 +34,9 @@ from docintel.pipeline.formats.warehouse import (
     WarehouseSink,
     latest_run,
 )
-from docintel.pipeline.sink import TABLES
+from docintel.pipeline.output.sink import TABLES
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.storage import is_local
-from docintel.pipeline.tables import RunTables
 
 LOG = "_delta_log"
 

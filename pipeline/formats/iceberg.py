@@ -36,9 +36,9 @@ from docintel.pipeline.formats.warehouse import (
     latest_run,
     redact,
 )
-from docintel.pipeline.sink import TABLES
+from docintel.pipeline.output.sink import TABLES
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.storage import is_local
-from docintel.pipeline.tables import RunTables
 
 EMPTY: dict[str, str] = {}
 

@@ -31,7 +31,7 @@ The trade-off: compaction reads and rewrites the small parts once at the end of 
 on the cluster's I/O tasks, and holds one group in a task's memory (bounded by the
 target). Batches whose parts are already at least half the target are left alone. Batch
 ids are hex digits and dashes, so merged names never collide with a batch's own parts.
-``pipeline/compact.py`` keeps the ``(fs, root)`` functions tools call (bench/compaction.py).
+``pipeline/output/compact.py`` keeps the ``(fs, root)`` functions tools call (bench/compaction.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import UsageError
 from docintel.pipeline.formats.base import TableFormat
-from docintel.pipeline.sink import (
+from docintel.pipeline.output.sink import (
     MANIFEST,
     RUN_STATE,
     TABLES,
@@ -70,8 +70,8 @@ from docintel.pipeline.sink import (
     sentences_table,
     write_manifest,
 )
+from docintel.pipeline.output.tables import Part, RunTables
 from docintel.pipeline.storage import display_uri, is_local
-from docintel.pipeline.tables import Part, RunTables
 
 
 def parquet_sink(

@@ -64,8 +64,7 @@ from docintel.pipeline.formats.parquet import (
     part_path,
     read_batch_stats,
 )
-from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
-from docintel.pipeline.sink import (
+from docintel.pipeline.output.sink import (
     MANIFEST,
     RUN_STATE,
     TABLES,
@@ -77,8 +76,9 @@ from docintel.pipeline.sink import (
     delete_parts,
     read_json,
 )
+from docintel.pipeline.output.tables import Part, RunTables
+from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
 from docintel.pipeline.storage import display_uri
-from docintel.pipeline.tables import Part, RunTables
 
 STAGED = "staged"
 # commit metadata keys

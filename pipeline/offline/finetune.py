@@ -44,17 +44,17 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     ADAPTER_BASE_FILE,
     ADAPTER_CONFIG_FILE,
     STOCK,
     stock_encoder_dir,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.offline.metrics import metrics
 from docintel.pipeline.stages.base import usable_cores
 from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
-from docintel.pipeline.versions import fingerprint
 
 Method = Literal["full", "lora"]
 # LoRA won on macro-F1 per minute of training and per MB shipped (BENCHMARKS.md,

@@ -16,7 +16,7 @@ metadata. A ``.onnx`` file is not fingerprinted, so adding or rebuilding the cla
 does not change the int8 encoder's recorded version.
 
 Every file is staged in the target folder and renamed into place whole, each ONNX artefact
-followed by its checksum (``<file>.sha256``; pipeline/artefacts.py, :func:`install`):
+followed by its checksum (``<file>.sha256``; pipeline/artefacts/paths.py, :func:`install`):
 readers never load half a file, and a run rebuilds a cached one that fails its checksum.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     CLASSIFIER_INPUT,
     CLASSIFIER_MODEL_FILE,
     CLASSIFIER_OUTPUT,
@@ -45,10 +45,10 @@ from docintel.pipeline.artefacts import (
     install,
     write_whole,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.stages.embed import check_encoder_dir, load_encoder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
-from docintel.pipeline.versions import fingerprint
 
 if TYPE_CHECKING:
     import numpy as np

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     CLASSIFIER_MODEL_FILE,
     ENCODER_SUBDIR,
     LABELS_FILE,

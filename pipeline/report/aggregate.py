@@ -29,6 +29,8 @@ import pyarrow.fs as pafs
 
 from docintel.pipeline.errors import ConfigError, InputError, UsageError
 from docintel.pipeline.formats.parquet import ParquetRun
+from docintel.pipeline.output.sink import atomic_write
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.report.html import render_html
 from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
 from docintel.pipeline.report.review import (
@@ -40,8 +42,6 @@ from docintel.pipeline.report.review import (
     review_sections,
 )
 from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.sink import atomic_write
-from docintel.pipeline.tables import RunTables
 from docintel.pipeline.untrusted import json_text
 
 REPORT_JSON = "report.json"

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.schema import DOC_ID, LABEL, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.tables import RunTables
 from docintel.pipeline.untrusted import csv_cell
 
 REVIEW_CSV = "review.csv"

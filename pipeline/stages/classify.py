@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, field_validator
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     CLASSIFIER_MODEL_FILE,
     LABELS_FILE,
     META_SOURCE_FINGERPRINT,
@@ -24,6 +24,7 @@ from docintel.pipeline.artefacts import (
     classifier_fp32_path,
     classifier_int8_path,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import (
     EMBEDDING,
@@ -38,7 +39,6 @@ from docintel.pipeline.schema import (
 from docintel.pipeline.settings import DEFAULT_MODEL_NAME, Settings, onnx_alias
 from docintel.pipeline.stages.base import Placement, Stage
 from docintel.pipeline.stages.onnx_session import onnx_session
-from docintel.pipeline.versions import fingerprint
 
 # "" means the head trained with the default encoder, docintel.models/finsent_ft;
 # "stock" = docintel.models/finsent, the head trained on the stock MiniLM (both trained on
@@ -62,7 +62,7 @@ class ClassifyConfig(Settings):
     _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
 
     def resolved_model_dir(self) -> Path:
-        from docintel.pipeline.artefacts import (
+        from docintel.pipeline.artefacts.paths import (
             BUNDLED_STOCK_CLASSIFIER_NAME,
             STOCK,
             bundled_classifier_dir,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from docintel.pipeline.artefacts import FP32_MODEL_FILE, INT8_MODEL_FILE
+from docintel.pipeline.artefacts.paths import FP32_MODEL_FILE, INT8_MODEL_FILE
 from docintel.pipeline.stages.embed import Embedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
 

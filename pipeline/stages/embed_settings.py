@@ -54,19 +54,19 @@ class EmbedConfig(Settings):
     # encoder version into the cache; exact to PyTorch, ~1.8x as fast on CPUs); "torch" =
     # PyTorch eager.
     cpu_runtime: Literal["onnx-fp32", "torch"] = ONNX_FP32
-    int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts.py)
+    int8_dir: str = ""  # "" = <cache>/int8/<encoder version>/ (see pipeline/artefacts/paths.py)
 
     _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
 
     def resolved_int8_dir(self) -> Path:
         if self.int8_dir:
             return Path(self.int8_dir).expanduser()
-        from docintel.pipeline.artefacts import default_int8_dir
+        from docintel.pipeline.artefacts.paths import default_int8_dir
 
         return default_int8_dir(self.resolved_model_path())
 
     def resolved_model_path(self) -> Path:
-        from docintel.pipeline.artefacts import STOCK, bundled_encoder_dir, stock_encoder_dir
+        from docintel.pipeline.artefacts.paths import STOCK, bundled_encoder_dir, stock_encoder_dir
 
         if self.model_path == STOCK:
             return stock_encoder_dir()

@@ -12,15 +12,15 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     ADAPTER_BASE_FILE,
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     STOCK,
     stock_encoder_dir,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.versions import fingerprint
 
 # Weights load from safetensors only: a tensor format that holds no code. A
 # ``pytorch_model.bin`` is a pickle: torch's weights_only unpickler stops the known attacks

@@ -17,19 +17,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     FP32_MODEL_FILE,
     INT8_MODEL_FILE,
     META_SOURCE_FINGERPRINT,
     RECIPE_FILE,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import ONNX_FP32, ONNX_INT8, TORCH, backend_label
 from docintel.pipeline.stages.base import Placement
 from docintel.pipeline.stages.embed_settings import EmbedConfig
 from docintel.pipeline.stages.encoder_folder import check_encoder_dir, load_encoder
 from docintel.pipeline.stages.onnx_session import onnx_session
-from docintel.pipeline.versions import fingerprint
 
 CPU, CUDA = "cpu", "cuda"  # EncoderRuntime.device: where the forward pass computes
 

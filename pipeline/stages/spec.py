@@ -26,7 +26,7 @@ LIGHT_STAGE_CPUS = 0.25
 
 
 class Pool(Protocol):
-    """What a backend builder reads of a pool (docintel.pipeline.layout.Pool): the
+    """What a backend builder reads of a pool (docintel.pipeline.run.layout.Pool): the
     registry sits below the layout, which sizes pools from it."""
 
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from docintel.pipeline.versions import fingerprint
+from docintel.pipeline.artefacts.versions import fingerprint
 from tests.cli.test_cli import docintel as run_cli
 from tests.conftest import REPO
 from tests.finetuned import tiny_labelled

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from docintel.pipeline.artefacts import CACHE_ENV, TRAINING_FILE
+from docintel.pipeline.artefacts.paths import CACHE_ENV, TRAINING_FILE
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.offline.calibration import MIN_CALIBRATION_ROWS
 from docintel.pipeline.stages.embed_settings import EmbedConfig
-from docintel.pipeline.versions import fingerprint
 from tests.cli.test_cli import docintel
 from tests.conftest import REPO, VALID_CSV, write_docs
 

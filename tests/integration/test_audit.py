@@ -238,7 +238,7 @@ def test_rerunning_a_completed_date_changes_nothing(nights: Nights, headlines: l
 def test_two_audits_at_once_one_runs_the_other_is_refused(nights: Nights) -> None:
     """The audit state is read, then rewritten whole: a second audit of the same root is
     refused (exit 2) while one holds the _audit/ lease, and nothing of it is written."""
-    from docintel.pipeline.lease import Lease, LeaseHeld
+    from docintel.pipeline.run.lease import Lease, LeaseHeld
 
     before = _snapshot(nights.out)
     fs = pads.dataset(str(nights.source)).filesystem

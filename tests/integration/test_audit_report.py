@@ -152,7 +152,7 @@ def test_watch_list_shows_each_saved_querys_top_sentences_of_the_night(
     """[audit] watch: each saved query's top sentences among the night's documents are in
     report.json (key ``watch``) and the page's watch list, the same hits `docintel search`
     gives on the night's partition."""
-    from docintel.pipeline.search import search
+    from docintel.pipeline.search.query import search
 
     src, out = tmp_path / "source", tmp_path / "out"
     ids = [f"w{i}" for i in range(8)]

@@ -10,8 +10,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from docintel.actors.runner import execute
-from docintel.pipeline import compact
 from docintel.pipeline.formats.parquet import ParquetPartsSink, part_path
+from docintel.pipeline.output import compact
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 FS = pafs.LocalFileSystem()
@@ -146,7 +146,7 @@ def test_recover_keeps_the_merged_copy_and_drops_orphans(
 
 
 def test_batches_at_half_the_target_or_more_are_left_alone(plain: tuple[Path, dict]) -> None:
-    """Through pipeline/compact.py, the entry point tools use: the sink's own planning."""
+    """Through pipeline/output/compact.py, the entry point tools use: the sink's own planning."""
     out = plain[0]
     sizes = [
         sum((out / t / p.name).stat().st_size for t in TABLES)

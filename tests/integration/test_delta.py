@@ -19,8 +19,8 @@ from docintel.actors.runner import execute
 from docintel.pipeline.audit import run_audit
 from docintel.pipeline.errors import UsageError
 from docintel.pipeline.formats.warehouse import BATCHES_KEY, RUN_ID_KEY
-from docintel.pipeline.search import search
-from docintel.pipeline.search_source import SentencesSource
+from docintel.pipeline.search.query import search
+from docintel.pipeline.search.source import SentencesSource
 from tests.conftest import REPO, run_config, sigkill_after_parts
 from tests.integration.test_audit import _cfg, _texts, _write
 from tests.integration.test_iceberg import _corpus, exactly_once_in
@@ -141,7 +141,7 @@ def test_delta_read_back_by_the_audit_and_search(tmp_path: Path, headlines: list
 
 
 def test_an_output_of_another_format_is_refused(tmp_path: Path) -> None:
-    from docintel.pipeline.output import RunOutput
+    from docintel.pipeline.output.protocol import RunOutput
     from tests.unit.test_edges_output import _complete, _docs, _plan
 
     inp = _docs(tmp_path / "in.parquet")

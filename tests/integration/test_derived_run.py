@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from docintel.actors.runner import execute
-from docintel.pipeline.artefacts import FP32_MODEL_FILE, checksum_problem
-from docintel.pipeline.plan import ensure_derived
+from docintel.pipeline.artefacts.paths import FP32_MODEL_FILE, checksum_problem
+from docintel.pipeline.run.plan import ensure_derived
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

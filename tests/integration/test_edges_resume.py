@@ -13,7 +13,7 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.pipeline.errors import UsageError
-from docintel.pipeline.output import RunOutput
+from docintel.pipeline.output.protocol import RunOutput
 from tests.conftest import assert_exactly_once, run_config, write_docs
 from tests.integration.test_s3 import (  # moto's S3 server on loopback and its helpers
     IN_BUCKET,
@@ -89,6 +89,6 @@ def test_input_identity_on_s3(request: pytest.FixtureRequest, headlines: list[st
 
 
 def _mtimes(p: Any) -> list[Any]:
-    from docintel.pipeline.output import input_identity
+    from docintel.pipeline.output.protocol import input_identity
 
     return [f["mtime_ns"] for f in input_identity(p.source_fs, p.files)]

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from docintel.actors.runner import execute
-from docintel.pipeline.artefacts import ENCODER_SUBDIR
+from docintel.pipeline.artefacts.paths import ENCODER_SUBDIR
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO, assert_exactly_once, run_config, write_docs
 from tests.finetuned import LABEL_NAMES, train_tiny
 

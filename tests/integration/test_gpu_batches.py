@@ -92,7 +92,7 @@ def test_resume_of_big_batches_redoes_only_the_missing_ones(tmp_path: Path) -> N
     assert_exactly_once(out, ids)
 
 
-# --- the hard bound on a batch's sentences (pipeline/pieces.py) ---------------------------
+# --- the hard bound on a batch's sentences (pipeline/run/pieces.py) ---------------------------
 
 PIECE_ROWS = 300  # ~1,000-document batches of one-sentence documents: four pieces each
 

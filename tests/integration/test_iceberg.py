@@ -180,7 +180,7 @@ def test_sigkill_then_resume_every_document_once(tmp_path: Path, headlines: list
 
 
 def test_an_incompatible_table_is_refused_before_any_work(tmp_path: Path) -> None:
-    from docintel.pipeline.output import RunOutput
+    from docintel.pipeline.output.protocol import RunOutput
     from tests.unit.test_edges_output import _docs, _plan
 
     out = tmp_path / "wh"
@@ -198,7 +198,7 @@ def test_an_incompatible_table_is_refused_before_any_work(tmp_path: Path) -> Non
 
 
 def test_wrong_kind_of_output_is_refused(tmp_path: Path) -> None:
-    from docintel.pipeline.output import RunOutput
+    from docintel.pipeline.output.protocol import RunOutput
     from tests.unit.test_edges_output import _complete, _docs, _plan
 
     inp = _docs(tmp_path / "in.parquet")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from docintel.pipeline import ann_index
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
-from docintel.pipeline.search import search
+from docintel.pipeline.search import index as ann_index
+from docintel.pipeline.search.query import search
 from tests.conftest import REPO
 from tests.integration.test_search import run_out  # noqa: F401 (fixture)
 

@@ -19,17 +19,17 @@ from urllib.parse import urlsplit
 
 import pytest
 
-import docintel.pipeline.lease as lease_module
+import docintel.pipeline.run.lease as lease_module
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.lease import (
+from docintel.pipeline.output.sink import resolve_output
+from docintel.pipeline.run.lease import (
     LEASE_FILE,
     PROBE_PREFIX,
     ConditionalWritesUnsupported,
     Lease,
     LeaseHeld,
 )
-from docintel.pipeline.sink import resolve_output
 from tests.integration.test_s3 import REGION, SECRET, _moto_server
 
 BUCKET = "lease-bucket"

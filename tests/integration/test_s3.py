@@ -28,8 +28,8 @@ import docintel.actors.cluster
 from docintel.actors.runner import execute
 from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError, OutputError, UsageError
-from docintel.pipeline.sink import resolve_output
-from docintel.pipeline.source import resolve_input
+from docintel.pipeline.input.source import resolve_input
+from docintel.pipeline.output.sink import resolve_output
 from tests.conftest import run_config
 
 # Test-only credentials, set when pytest imports this module: collection ends before any
@@ -328,7 +328,7 @@ def test_one_writer_per_s3_output_by_conditional_puts(
 ) -> None:
     """A live writer's claim (If-None-Match PUT) refuses a second run before any work; a
     stale claim of a crashed writer elsewhere is taken over (If-Match PUT)."""
-    from docintel.pipeline.lease import LEASE_FILE, Claim, Lease, LeaseHeld
+    from docintel.pipeline.run.lease import LEASE_FILE, Claim, Lease, LeaseHeld
 
     ids = [f"l{i}" for i in range(5)]
     _put_docs(s3, IN_BUCKET, "leasecorpus/a.parquet", ids, headlines[:5])

@@ -16,12 +16,12 @@ import pytest
 
 from docintel.actors.runner import execute
 from docintel.jobs.cli_search import build_on_ray
-from docintel.pipeline import ann_index
-from docintel.pipeline.ann_index import IndexParams
 from docintel.pipeline.config import StorageConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
-from docintel.pipeline.search import QueryEncoder, exact_search, search, watch_hits
-from docintel.pipeline.search_source import HIT_KEYS, Filters, SentencesSource
+from docintel.pipeline.search import index as ann_index
+from docintel.pipeline.search.index import IndexParams
+from docintel.pipeline.search.query import QueryEncoder, exact_search, search, watch_hits
+from docintel.pipeline.search.source import HIT_KEYS, Filters, SentencesSource
 from tests.cli.test_cli import docintel
 from tests.conftest import run_config, write_docs
 from tests.integration.test_s3 import OUT_BUCKET, s3, s3_endpoint  # noqa: F401 (fixtures)

@@ -108,7 +108,7 @@ def test_spilled_batches_run_as_slices_on_the_cpu_pool_exactly_once(
     tmp_path: Path, headlines: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Batches of 256 documents spilled to a saturated GPU's CPU pool run as slices
-    (pipeline/slices.py), with a poisoned document and the CPU embed replica killed
+    (pipeline/run/slices.py), with a poisoned document and the CPU embed replica killed
     mid-run: every document once, the rows of a run without slicing, and more CPU calls
     than CPU-served batches (the slices)."""
     import ray

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from docintel.actors.runner import execute
-from docintel.pipeline.artefacts import classifier_fp32_path, write_checksum
+from docintel.pipeline.artefacts.paths import classifier_fp32_path, write_checksum
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.plan import ensure_derived
+from docintel.pipeline.run.plan import ensure_derived
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

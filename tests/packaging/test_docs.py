@@ -28,7 +28,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 MD_CITATION = re.compile(r"(?<![\w*./-])((?:[\w.-]+/)*[\w-][\w.-]*\.md)\b(?![\w/])")
 # what a benchmark writes is not a citation: --output-md FILE
 OUTPUT_OPTION = re.compile(r"--output-md[ =]$")
-# a repository file in a benchmark report: `pipeline/slices.py`, bench/spill.md (a file
+# a repository file in a benchmark report: `pipeline/run/slices.py`, bench/spill.md (a file
 # name with its extension, so "docs/s" the unit is not one)
 REPO_PATH = re.compile(
     r"(?<![\w./-])((?:" + "|".join(REPO_FOLDERS) + r")/[\w./-]*\.[a-z]+)(?![\w/*-])"

@@ -24,8 +24,8 @@ from docintel.pipeline.audit.state import (
 )
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import OutputError
-from docintel.pipeline.lease import LocalStore
-from docintel.pipeline.sink import atomic_write, resolve_output
+from docintel.pipeline.output.sink import atomic_write, resolve_output
+from docintel.pipeline.run.lease import LocalStore
 
 STORAGE = StorageConfig()
 D1, D2 = "2026-01-01", "2026-01-02"

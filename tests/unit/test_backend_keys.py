@@ -10,7 +10,7 @@ import pytest
 
 from docintel.pipeline import registry, schema
 from docintel.pipeline.config import ClassifyConfig, EmbedConfig, load_config
-from docintel.pipeline.search import query_embedder
+from docintel.pipeline.search.query import query_embedder
 from docintel.pipeline.stages.encoder_runtimes import RUNTIMES
 
 

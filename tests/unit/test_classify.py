@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from docintel.pipeline.artefacts import CLASSIFIER_MODEL_FILE, LABELS_FILE, TRAINING_FILE
+from docintel.pipeline.artefacts.paths import CLASSIFIER_MODEL_FILE, LABELS_FILE, TRAINING_FILE
 from docintel.pipeline.config import ClassifyConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.schema import EMBEDDING, LABEL, PROBS, SCORE, TEXT

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from docintel.jobs import cli_models
-from docintel.pipeline import derived, registry
-from docintel.pipeline.artefacts import (
+from docintel.pipeline import registry
+from docintel.pipeline.artefacts import derived
+from docintel.pipeline.artefacts.paths import (
     BUILD_LOCK,
     INT8_MODEL_FILE,
     RECIPE_FILE,
@@ -34,7 +35,7 @@ from docintel.pipeline.artefacts import (
 from docintel.pipeline.config import Config, EmbedConfig
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.offline import quantize
-from docintel.pipeline.plan import ensure_derived
+from docintel.pipeline.run.plan import ensure_derived
 
 NAME = "model.fake.onnx"
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from docintel.pipeline.dispatch import EWMA_ALPHA, Dispatcher, Replica
+from docintel.pipeline.run.dispatch import EWMA_ALPHA, Dispatcher, Replica
 
 GPU_S = 1.5  # a slowed GPU replica (the spill bench's 1 s sleep + fp32 compute)
 CPU_S = 0.2  # an int8 CPU replica

@@ -16,11 +16,11 @@ import pytest
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
 from docintel.pipeline.formats.parquet import ParquetPartsSink
-from docintel.pipeline.lease import LEASE_FILE, Claim
-from docintel.pipeline.output import RunOutput, RunSummary, plan_key
-from docintel.pipeline.plan import Plan
-from docintel.pipeline.sink import MANIFEST, RUN_STATE, BatchStats
-from docintel.pipeline.source import plan, resolve_input, split_readable
+from docintel.pipeline.input.source import plan, resolve_input, split_readable
+from docintel.pipeline.output.protocol import RunOutput, RunSummary, plan_key
+from docintel.pipeline.output.sink import MANIFEST, RUN_STATE, BatchStats
+from docintel.pipeline.run.lease import LEASE_FILE, Claim
+from docintel.pipeline.run.plan import Plan
 from tests.cli.test_cli import docintel
 from tests.conftest import run_config, write_docs
 

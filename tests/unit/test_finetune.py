@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     ADAPTER_BASE_FILE,
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     ENCODER_SUBDIR,
     stock_encoder_dir,
 )
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import ClassifyConfig, EmbedConfig, load_config
 from docintel.pipeline.errors import ModelError
 from docintel.pipeline.offline.finetune import FineTuneParams, base_reference, fine_tune
@@ -33,11 +34,10 @@ from docintel.pipeline.offline.train import (
     load_labelled,
     stratified_split,
 )
-from docintel.pipeline.plan import check_models
+from docintel.pipeline.run.plan import check_models
 from docintel.pipeline.schema import EMBEDDING, TEXT
 from docintel.pipeline.stages.classify import Classifier, check_head_encoder
 from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, is_adapter_dir
-from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO
 from tests.finetuned import LABEL_NAMES, tiny_labelled, train_tiny
 

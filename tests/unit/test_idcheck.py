@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from docintel.pipeline import idcheck
-from docintel.pipeline.idcheck import find_duplicates, hash_ids
+from docintel.pipeline.input import idcheck
+from docintel.pipeline.input.idcheck import find_duplicates, hash_ids
 
 M = 2**64
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from docintel.pipeline import idcheck
 from docintel.pipeline.config import DEFAULT_MAX_ID_BYTES, StorageConfig
-from docintel.pipeline.idcheck import READ_BYTES, READ_ROWS, rows_per_read
+from docintel.pipeline.input import idcheck
+from docintel.pipeline.input.idcheck import READ_BYTES, READ_ROWS, rows_per_read
+from docintel.pipeline.input.source import check_ids, resolve_input
 from docintel.pipeline.schema import DOC_ID, TEXT
-from docintel.pipeline.source import check_ids, resolve_input
 
 MiB = 1024 * 1024
 # numpy memory (tracemalloc sees it) while checking 20,000 ids of 1 KiB: one hashing

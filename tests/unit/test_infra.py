@@ -45,7 +45,8 @@ from docintel.pipeline.config import (
     load_config,
 )
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.layout import (
+from docintel.pipeline.registry import BUILTIN, BUILTIN_NAMES
+from docintel.pipeline.run.layout import (
     CPU_POOL,
     GPU_POOL,
     ClusterShape,
@@ -53,7 +54,6 @@ from docintel.pipeline.layout import (
     Pool,
     stage_layout,
 )
-from docintel.pipeline.registry import BUILTIN, BUILTIN_NAMES
 
 STAGES = BUILTIN_NAMES
 INT8_STAGES = tuple(s.name for s in BUILTIN if s.int8)  # stages with an int8 CPU backend

@@ -1,4 +1,4 @@
-"""`docintel ingest` (docintel.pipeline.ingest): real files in tmp_path, no mocks."""
+"""`docintel ingest` (docintel.pipeline.input.ingest): real files in tmp_path, no mocks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from docintel.pipeline.errors import InputError, OutputError
-from docintel.pipeline.ingest import (
+from docintel.pipeline.input.ingest import (
     MAX_FILE_BYTES,
     IngestResult,
     doc_id_for,

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from docintel.pipeline.errors import InputError
-from docintel.pipeline.ingest import detect_encoding, ingest_folder
+from docintel.pipeline.input.ingest import detect_encoding, ingest_folder
 
 FRENCH = "Société Générale annonce une baisse de ses bénéfices trimestriels."
 

@@ -21,7 +21,8 @@ import docintel.pipeline.formats.parquet as sink_module
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.formats.parquet import ParquetPartsSink, part_files, part_path
-from docintel.pipeline.lease import (
+from docintel.pipeline.output.sink import TABLES
+from docintel.pipeline.run.lease import (
     LEASE_FILE,
     Claim,
     Lease,
@@ -46,7 +47,6 @@ from docintel.pipeline.schema import (
     TEXT,
     TRUNCATED,
 )
-from docintel.pipeline.sink import TABLES
 
 FS = pafs.LocalFileSystem()
 STORAGE = StorageConfig()

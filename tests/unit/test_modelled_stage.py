@@ -15,7 +15,7 @@ import pytest
 
 from docintel.pipeline import registry
 from docintel.pipeline.config import load_config
-from docintel.pipeline.layout import build_stage, stage_layout
+from docintel.pipeline.run.layout import build_stage, stage_layout
 from docintel.pipeline.schema import BACKEND_CPU_MODEL, BACKEND_GPU_MODEL, TEXT
 from docintel.pipeline.stages.classify import Classifier
 from docintel.pipeline.stages.embed import Embedder
@@ -111,7 +111,7 @@ PROBE = textwrap.dedent(
     import pyarrow as pa
     from docintel.pipeline.config import load_config
     from docintel.pipeline import registry
-    from docintel.pipeline.layout import build_stage, stage_layout
+    from docintel.pipeline.run.layout import build_stage, stage_layout
     cfg = load_config(None, {"run.spill": "gpu-only", "faults.gpu_model_s_per_sentence": 0.001,
         **{f"resources.{s}.gpu_replicas": 1 for s in ("sentencize", "embed", "classify")}})
     chain = registry.chain(cfg)

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from docintel.pipeline import registry
-from docintel.pipeline.artefacts import FP32_MODEL_FILE, classifier_fp32_path
+from docintel.pipeline.artefacts.paths import FP32_MODEL_FILE, classifier_fp32_path
 from docintel.pipeline.config import Config, EmbedConfig
-from docintel.pipeline.layout import CPU_POOL, build_stage, stage_layout
-from docintel.pipeline.plan import ensure_derived
+from docintel.pipeline.run.layout import CPU_POOL, build_stage, stage_layout
+from docintel.pipeline.run.plan import ensure_derived
 from docintel.pipeline.schema import (
     BACKEND_CPU_FP32_ONNX,
     EMBEDDING,

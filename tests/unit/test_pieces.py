@@ -7,7 +7,7 @@ import pytest
 
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import Config, ConfigError
-from docintel.pipeline.pieces import (
+from docintel.pipeline.run.pieces import (
     Pieces,
     Split,
     completed,

@@ -14,8 +14,14 @@ import pyarrow as pa
 import pytest
 
 from docintel.pipeline import registry
-from docintel.pipeline.layout import CPU_POOL, ClusterShape, artefacts, build_stage, stage_layout
-from docintel.pipeline.plan import prepare
+from docintel.pipeline.run.layout import (
+    CPU_POOL,
+    ClusterShape,
+    artefacts,
+    build_stage,
+    stage_layout,
+)
+from docintel.pipeline.run.plan import prepare
 from docintel.pipeline.schema import SENT_INDEX
 from tests.conftest import run_config, write_docs
 from tests.userstage import ENTRY

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from docintel.pipeline import registry
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import ClassifyConfig, Config, EmbedConfig
 from docintel.pipeline.errors import ModelError
-from docintel.pipeline.layout import CPU_POOL, GPU_POOL, build_stage, int8_stages, stage_layout
 from docintel.pipeline.offline.quantize import (
     INT8_MODEL_FILE,
     META_LABELS,
@@ -28,11 +28,11 @@ from docintel.pipeline.offline.quantize import (
     keras_head_to_onnx,
     parity_report,
 )
-from docintel.pipeline.plan import check_models
+from docintel.pipeline.run.layout import CPU_POOL, GPU_POOL, build_stage, int8_stages, stage_layout
+from docintel.pipeline.run.plan import check_models
 from docintel.pipeline.schema import BACKEND_CPU_INT8, EMBEDDING
 from docintel.pipeline.stages.classify import Classifier, Int8Classifier, OnnxClassifier
 from docintel.pipeline.stages.embed_int8 import Int8Embedder
-from docintel.pipeline.versions import fingerprint
 from tests.conftest import REPO, VALID_CSV
 
 HEAD_DIR = REPO / "models" / "finsent_ft"  # the default head (its encoder: the default one)
@@ -129,7 +129,7 @@ def test_fp32_conversion_is_exact(classifier, valid_sample: np.ndarray, tmp_path
     the int8 step changes numbers."""
     import onnx
 
-    from docintel.pipeline.artefacts import CLASSIFIER_MODEL_FILE
+    from docintel.pipeline.artefacts.paths import CLASSIFIER_MODEL_FILE
     from docintel.pipeline.stages.classify import load_keras
 
     raw = tmp_path / "head.fp32.onnx"

@@ -11,7 +11,7 @@ import pytest
 from docintel.pipeline import registry
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import ChainError, ConfigError
-from docintel.pipeline.layout import CPU_POOL, GPU_POOL, ClusterShape, build_stage, stage_layout
+from docintel.pipeline.run.layout import CPU_POOL, GPU_POOL, ClusterShape, build_stage, stage_layout
 from docintel.pipeline.schema import BACKEND_CPU_FP32
 from tests.userstage import ENTRY, PACKAGE, write_entry_point
 

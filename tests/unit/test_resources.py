@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from docintel.actors.resources import actor_options, check_layout
-from docintel.pipeline import layout as layout_mod
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.layout import ClusterShape, NodeShape, check_declared_gpus, stage_layout
+from docintel.pipeline.run import layout as layout_mod
+from docintel.pipeline.run.layout import ClusterShape, NodeShape, check_declared_gpus, stage_layout
 
 STAGES = ("sentencize", "embed", "classify")
 

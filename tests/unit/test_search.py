@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.search import fake_queries, write_fake_output
-from docintel.pipeline import ann_index
-from docintel.pipeline.ann_index import IndexParams, build_index
 from docintel.pipeline.errors import InputError, UsageError
-from docintel.pipeline.search import MAX_TOP, check_queries, exact_search, read_queries
-from docintel.pipeline.search_source import Filters, SentencesSource
+from docintel.pipeline.search import index as ann_index
+from docintel.pipeline.search.index import IndexParams, build_index
+from docintel.pipeline.search.query import MAX_TOP, check_queries, exact_search, read_queries
+from docintel.pipeline.search.source import Filters, SentencesSource
 
 DIM = 384
 N = 8_000  # sentences of the synthetic output

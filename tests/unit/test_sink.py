@@ -31,15 +31,8 @@ from docintel.pipeline.formats.parquet import (
     read_batch_stats,
     write_batch,
 )
-from docintel.pipeline.schema import (
-    DOC_ID,
-    ERRORS_SCHEMA,
-    TEXT,
-    documents_schema,
-    label_count_column,
-    sentences_schema,
-)
-from docintel.pipeline.sink import (
+from docintel.pipeline.input.source import plan, read_unit, resolve_input
+from docintel.pipeline.output.sink import (
     atomic_write,
     documents_table,
     in_process,
@@ -48,7 +41,14 @@ from docintel.pipeline.sink import (
     sentences_table,
     write_manifest,
 )
-from docintel.pipeline.source import plan, read_unit, resolve_input
+from docintel.pipeline.schema import (
+    DOC_ID,
+    ERRORS_SCHEMA,
+    TEXT,
+    documents_schema,
+    label_count_column,
+    sentences_schema,
+)
 from docintel.pipeline.stages import run_stage
 from docintel.pipeline.stages.base import Stage
 

@@ -1,4 +1,4 @@
-"""Spill calls cut into slices for CPU replicas (pipeline/slices.py) and how the dispatcher
+"""Spill calls cut into slices for CPU replicas (pipeline/run/slices.py) and how the dispatcher
 counts them: slices cut at document boundaries, joined back into exactly the unsliced
 result, and a sizer that aims each slice at one GPU call's time."""
 
@@ -10,10 +10,9 @@ import pytest
 
 from docintel.actors.stages import StageActor
 from docintel.pipeline.batch import Batch
-from docintel.pipeline.dispatch import Dispatcher, Replica
-from docintel.pipeline.pieces import Pieces, Split, split
-from docintel.pipeline.schema import DOC_ID, empty_errors
-from docintel.pipeline.slices import (
+from docintel.pipeline.run.dispatch import Dispatcher, Replica
+from docintel.pipeline.run.pieces import Pieces, Split, split
+from docintel.pipeline.run.slices import (
     FIRST_SLICES,
     MAX_SLICES,
     MIN_SLICE_DOCS,
@@ -22,6 +21,7 @@ from docintel.pipeline.slices import (
     join,
     slice_of,
 )
+from docintel.pipeline.schema import DOC_ID, empty_errors
 from docintel.pipeline.stages.base import Stage
 
 

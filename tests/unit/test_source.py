@@ -12,8 +12,8 @@ import pytest
 
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import InputError
+from docintel.pipeline.input.source import check_ids, plan, read_unit, resolve_input, split_readable
 from docintel.pipeline.schema import DOC_ID, ERRORS_SCHEMA, TEXT
-from docintel.pipeline.source import check_ids, plan, read_unit, resolve_input, split_readable
 
 STORAGE = StorageConfig()  # defaults: these tests read local files only
 
@@ -388,7 +388,7 @@ def test_an_oversized_id_is_refused_naming_file_and_row(tmp_path):
 def test_a_huge_row_group_is_read_in_streamed_slices(tmp_path, monkeypatch):
     """A row group over UNIT_BYTES is cut into units of whole batches, each streamed from
     the row group (never read whole); batch ids are those of the uncut row group."""
-    from docintel.pipeline import source
+    from docintel.pipeline.input import source
 
     path = _write(tmp_path / "big.parquet", _docs(100), row_group_size=100)
     fs, files = resolve_input(str(path), STORAGE)
@@ -409,7 +409,7 @@ def test_a_huge_row_group_is_read_in_streamed_slices(tmp_path, monkeypatch):
 
 
 def test_a_corrupt_huge_row_group_becomes_error_rows_slice_by_slice(tmp_path, monkeypatch):
-    from docintel.pipeline import source
+    from docintel.pipeline.input import source
 
     path = tmp_path / "bigbad.parquet"
     pq.write_table(_docs(60), path, row_group_size=60, compression="none")
@@ -433,7 +433,7 @@ def test_a_corrupt_huge_row_group_becomes_error_rows_slice_by_slice(tmp_path, mo
 def test_batches_sized_by_text_bytes(tmp_path):
     """An "auto" batch size with GPU pools: about target bytes of text per batch (from the
     footers), at least the CPU batch size, at most MAX_BATCH_DOCS documents."""
-    from docintel.pipeline.source import MAX_BATCH_DOCS, plan_sized
+    from docintel.pipeline.input.source import MAX_BATCH_DOCS, plan_sized
 
     texts = [f"{i:06d} " + "x" * 93 for i in range(4_000)]  # 100 bytes each, unique
     path = tmp_path / "t.parquet"

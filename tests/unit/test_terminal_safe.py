@@ -88,7 +88,7 @@ def test_logs_status_and_errors_print_hostile_text_escaped(
 
 
 def _result(hits: list[dict[str, Any]], queries: list[str] | None = None) -> Any:
-    from docintel.pipeline.search import SearchResult
+    from docintel.pipeline.search.query import SearchResult
 
     queries = queries or ["going concern"]
     return SearchResult(queries, [hits] * len(queries), [False] * len(queries), False, "exact")

@@ -18,8 +18,8 @@ from docintel.pipeline.config import Config, load_config
 from docintel.pipeline.errors import ConfigError, UsageError
 from docintel.pipeline.exitcodes import ExitCode, exit_code
 from docintel.pipeline.formats.iceberg import IcebergSink
-from docintel.pipeline.output import RECORDED_SECTIONS, REDACTED, recorded_config
-from docintel.pipeline.search_source import SentencesSource
+from docintel.pipeline.output.protocol import RECORDED_SECTIONS, REDACTED, recorded_config
+from docintel.pipeline.search.source import SentencesSource
 from tests.conftest import REPO
 from tests.unit.test_edges_output import _complete, _docs, _plan
 

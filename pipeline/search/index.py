@@ -46,8 +46,9 @@ import pyarrow.fs as pafs
 
 from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError, RunFailed
+from docintel.pipeline.output.sink import atomic_write, read_json
 from docintel.pipeline.schema import EMBEDDING
-from docintel.pipeline.search_source import (
+from docintel.pipeline.search.source import (
     HIT_COLUMNS,
     Filters,
     SentencesSource,
@@ -56,7 +57,6 @@ from docintel.pipeline.search_source import (
     to_hits,
     unit_rows,
 )
-from docintel.pipeline.sink import atomic_write, read_json
 from docintel.pipeline.storage import display_uri, effective_endpoint, is_local
 
 INDEX_FOLDER = "_index"

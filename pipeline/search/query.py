@@ -13,7 +13,7 @@ Two ways to find the hits, the same answer up to the index's recall:
   (:meth:`SentencesSource.batches`), each batch's cosines against every query, and a
   running top-K per query (argpartition of the batch, merged with the best so far). Memory
   is one record batch plus K rows per query, never the embedding matrix.
-* **indexed** (docintel.pipeline.ann_index): the Lance IVF-PQ index `docintel index`
+* **indexed** (docintel.pipeline.search.index): the Lance IVF-PQ index `docintel index`
   built, when it exists and was built from the output as it is now; otherwise exact, and
   :class:`SearchResult` says why (``note``).
 
@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from docintel.pipeline import ann_index
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import Config, EmbedConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
 from docintel.pipeline.schema import EMBEDDING, TORCH
-from docintel.pipeline.search_source import (
+from docintel.pipeline.search import index as ann_index
+from docintel.pipeline.search.source import (
     HIT_COLUMNS,
     READ_BATCH_ROWS,
     Filters,
@@ -44,7 +45,6 @@ from docintel.pipeline.search_source import (
     to_hits,
     unit_rows,
 )
-from docintel.pipeline.versions import fingerprint
 
 # --top is bounded: each query keeps its top rows (text included) in memory while the
 # table streams, and prints them; 1,000 rows per query is a page of results, not a dump.

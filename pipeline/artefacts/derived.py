@@ -4,7 +4,7 @@ missing or damaged ones once, before any cluster work.
 A derived artefact (the fused fp32 ONNX encoder, the int8 encoder, the fp32 and int8 ONNX
 classifier heads; the stage registry's backends declare them) is built once per source
 model version into the cache folder, by `docintel quantize` or by the first run that needs
-it. Each is written whole with its SHA-256 beside it (pipeline/artefacts.py). Before a run
+it. Each is written whole with its SHA-256 beside it (pipeline/artefacts/paths.py). Before a run
 the driver checks every artefact its layouts load against that checksum (~0.2 s for the
 90 MB encoder, once per process); one that is missing, fails it, or (written before
 checksums were kept) fails to load is rebuilt once, under the folder's build lock, with a
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from docintel.pipeline import registry
-from docintel.pipeline.artefacts import (
+from docintel.pipeline.artefacts.paths import (
     MISSING,
     NO_CHECKSUM,
     build_lock,
@@ -33,7 +33,7 @@ from docintel.pipeline.artefacts import (
 )
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError, ModelError
-from docintel.pipeline.layout import ClusterShape, Pool, artefacts, expected_shape, stage_layout
+from docintel.pipeline.run.layout import ClusterShape, Pool, artefacts, expected_shape, stage_layout
 
 Layout = dict[str, list[Pool]]
 

@@ -21,7 +21,7 @@ How derived artefacts are written (:func:`install`): staged under a hidden tempo
 in the same folder, renamed into place whole, then its SHA-256 beside it
 (``<file>.sha256``, ``sha256sum -c`` format, also written whole). A reader never opens a
 half-written file; a cached file that no longer matches its checksum (truncated, damaged)
-is rebuilt by the next run (pipeline/derived.py). Builders of one folder, a run's first
+is rebuilt by the next run (pipeline/artefacts/derived.py). Builders of one folder, a run's first
 need and ``docintel quantize``, take its :func:`build_lock` first.
 """
 
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 
-from docintel.pipeline.versions import file_digest, fingerprint
+from docintel.pipeline.artefacts.versions import file_digest, fingerprint
 
 # --- the classifier folder that `docintel train` writes ------------------------------------
 CLASSIFIER_MODEL_FILE = "model.keras"
@@ -147,7 +147,7 @@ def classifier_fp32_path(int8_dir: Path, classifier_dir: Path) -> Path:
 # --- writing derived artefacts whole, with a checksum --------------------------------------
 def file_sha256(path: Path) -> str:
     """The file's SHA-256 (hex), once per process while the file is unchanged (~0.2 s for
-    the 90 MB fp32 encoder): the model versions' hashing (pipeline/versions.py)."""
+    the 90 MB fp32 encoder): the model versions' hashing (pipeline/artefacts/versions.py)."""
     return file_digest(path)
 
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import InputError
-from docintel.pipeline.idcheck import find_duplicates, rows_per_read
+from docintel.pipeline.input.idcheck import find_duplicates, rows_per_read
 from docintel.pipeline.schema import DOC_ID, TEXT, error_table
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 
@@ -384,7 +384,7 @@ def check_ids(
     document count.
 
     Streams the id columns in record batches; duplicates are found by hash partitions on
-    local disk (pipeline/idcheck.py), so the driver's memory does not grow with the
+    local disk (pipeline/input/idcheck.py), so the driver's memory does not grow with the
     corpus. Duplicates are an error, never silently merged: every output row must name
     exactly one input document.
     """
@@ -394,7 +394,7 @@ def check_ids(
     def read_ids() -> Iterator[tuple[str, pa.Array]]:
         for f in files:
             row = 0
-            batches = _open(fs, f).iter_batches(  # sized in bytes: pipeline/idcheck.py
+            batches = _open(fs, f).iter_batches(  # sized in bytes: pipeline/input/idcheck.py
                 batch_size=rows_per_read(max_id_bytes), columns=[id_column]
             )
             for rb in batches:

@@ -1,7 +1,7 @@
 """One committed run's tables as Arrow, whatever its output format: the audit's report
 (aggregate.py, review.py), its changes and its ``latest/`` view read a night through this,
 and `docintel search` / `docintel index` read a run's sentences through it
-(pipeline/search_source.py).
+(pipeline/search/source.py).
 
 Each table format (pipeline/formats/) implements :class:`RunTables` next to its sink:
 Parquet parts read a run folder's parts; a warehouse format (Iceberg, Delta Lake) reads

@@ -2,7 +2,7 @@
 makes sentence rows.
 
 The commit unit is a batch of documents, cut before anything is known of its sentences
-(pipeline/source.py). A batch whose documents split into more than ``[run]
+(pipeline/input/source.py). A batch whose documents split into more than ``[run]
 max_batch_sentences`` sentence rows is split, right after the stage that made the rows
 (sentencize), into pieces of at most that many rows, at document boundaries, in document
 order. Nothing is refused: every document lands in exactly one piece (a document has at

@@ -16,13 +16,13 @@ resumable run (docs/design.md, "The output contract"):
               commit(manifest)    the manifest, last and atomically: the run is committed
               abort()             the run stops uncommitted: keep what a resume needs
 
-``pipeline/output.py`` (:class:`~docintel.pipeline.output.RunOutput`) keeps the run-level
-protocol (lease, error budget, counts, what the manifest says) and calls only this
-interface. Each table format is one module of ``pipeline/formats/`` (its sink, its reader,
-its marker files and its detection), chosen through the registry there, with no change to
-the executor or the runner. The sink object travels to every write task (the executor puts
-it in the object store once per run), so it holds only small, picklable things: a
-filesystem, a root path, the labels, flags.
+``pipeline/output/protocol.py`` (:class:`~docintel.pipeline.output.protocol.RunOutput`)
+keeps the run-level protocol (lease, error budget, counts, what the manifest says) and
+calls only this interface. Each table format is one module of ``pipeline/formats/`` (its
+sink, its reader, its marker files and its detection), chosen through the registry there,
+with no change to the executor or the runner. The sink object travels to every write task
+(the executor puts it in the object store once per run), so it holds only small, picklable
+things: a filesystem, a root path, the labels, flags.
 
 Also here, because every format shares them: the output location, atomic files, the
 tables' rows as the contract writes them (:func:`documents_table`, :func:`sentences_table`)

@@ -5,7 +5,7 @@ that is not committed (no ``_manifest.json``) or has no embeddings (a ``--no-emb
 run), and yields the sentences table as Arrow record batches of the wanted columns, one
 Parquet row group at a time (memory is bounded by the batch and one row group, whatever
 the table's size). :meth:`SentencesSource.open` asks the format registry (pipeline/formats/) which
-format wrote the output and reads through its :class:`~docintel.pipeline.tables.RunTables`:
+format wrote the output and reads through its :class:`~docintel.pipeline.output.tables.RunTables`:
 a Parquet run folder's parts, or, for a warehouse format (Iceberg, Delta Lake), the rows
 one run appended (the latest committed run unless a run id is given).
 
@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 from docintel.pipeline import formats
 from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError
+from docintel.pipeline.output.sink import MANIFEST
+from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL, SCORE, SENT_INDEX, TEXT
-from docintel.pipeline.sink import MANIFEST
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
-from docintel.pipeline.tables import RunTables
 
 SENTENCES = "sentences"
 READ_BATCH_ROWS = 8192  # rows per record batch: 8192 x 384 floats = 12 MiB of embeddings

@@ -21,7 +21,7 @@ in Ray). The policy, per call:
    stage that never spilled (spare GPU capacity) keeps rule 1; a stage without CPU
    replicas, or whose CPU pool is not measured yet, is not affected.
 5. **Slices.** A batch spilled to a CPU pool may run as ``slices[stage]`` calls (the
-   executor cuts it: pipeline/slices.py). Rules 1 and 4 then count the CPU pool's time for
+   executor cuts it: pipeline/run/slices.py). Rules 1 and 4 then count the CPU pool's time for
    all of them (list scheduling over its replicas, as ``_cpu_drain``), and the slices after
    the first take CPU slots with ``acquire_slice``, never a GPU's, and are not batches
    still to come in rule 4's outlook.
@@ -122,7 +122,7 @@ class Dispatcher:
     input_done: bool = False
     remaining: dict[str, int] = field(default_factory=dict)
     spilled: set[str] = field(default_factory=set)  # stages with a CPU call beside GPUs
-    # A batch spilled to a stage's CPU pool runs as this many calls (pipeline/slices.py):
+    # A batch spilled to a stage's CPU pool runs as this many calls (pipeline/run/slices.py):
     # rules 1 and 4 count the CPU pool's time for all of them. 1 (no entry): one call.
     slices: dict[str, int] = field(default_factory=dict)
 

@@ -18,7 +18,7 @@ fails the joining call, so the batch is retried from its read like any failed ch
 from each slice (slice time x slices), and the next spilled batch gets enough slices for
 each to take about one GPU call's time (the stage's measured GPU service, at least
 ``MIN_TARGET_S``), at most ``MAX_SLICES``. The stage that makes sentence rows is never
-sliced (its result may split into pieces: pipeline/pieces.py).
+sliced (its result may split into pieces: pipeline/run/pieces.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from docintel.pipeline.batch import Batch
-from docintel.pipeline.pieces import Split
+from docintel.pipeline.run.pieces import Split
 from docintel.pipeline.schema import DOC_ID, empty_errors
 
 # A spilled call's target length when the stage's GPU calls are not measured yet, and its

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from docintel.pipeline.errors import InputError, OutputError, RunFailed
 from docintel.pipeline.schema import DOC_ID, TEXT
 
-# Row groups are the unit a run reads (docintel.pipeline.source): a few thousand documents
+# Row groups are the unit a run reads (docintel.pipeline.input.source): a few thousand documents
 # make useful work units and keep several per big corpus. The byte bound caps the buffered
 # text when files are large, so memory is one row group plus one file, not the corpus
 # (peak: a few times ROW_GROUP_BYTES, for the Python strings, their Arrow copy and the

@@ -13,24 +13,24 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from docintel.pipeline import registry
+from docintel.pipeline.artefacts.derived import Layout, ensure_derived  # also imported from here
+from docintel.pipeline.artefacts.derived import check_int8 as _check_int8
+from docintel.pipeline.artefacts.derived import run_layouts as _layouts
 from docintel.pipeline.config import AUTO, Config
-from docintel.pipeline.derived import Layout, ensure_derived  # also imported from here
-from docintel.pipeline.derived import check_int8 as _check_int8
-from docintel.pipeline.derived import run_layouts as _layouts
-from docintel.pipeline.layout import (
-    GPU_POOL,
-    ClusterShape,
-    check_declared_gpus,
-    detect_gpus,
-    expected_shape,
-)
-from docintel.pipeline.source import (
+from docintel.pipeline.input.source import (
     InputFile,
     WorkUnit,
     check_ids,
     plan_sized,
     resolve_input,
     split_readable,
+)
+from docintel.pipeline.run.layout import (
+    GPU_POOL,
+    ClusterShape,
+    check_declared_gpus,
+    detect_gpus,
+    expected_shape,
 )
 
 

@@ -1,6 +1,6 @@
 """The run-level output protocol: open → record written batches → finish → commit.
 
-Storage is the run's :class:`~docintel.pipeline.sink.RunSink` (names, files, commit points,
+Storage is the run's :class:`~docintel.pipeline.output.sink.RunSink` (names, files, commit points,
 crash recovery); this module decides what a run *is* on top of it:
 
 * :meth:`RunOutput.open` first decides, before any cluster work and without writing
@@ -11,7 +11,7 @@ crash recovery); this module decides what a run *is* on top of it:
   for the input and plan it was made from), an OUTPUT that is a file or holds tables of no
   run, an OUTPUT that cannot be written (read-only, immutable, full, not a folder: the OS
   error becomes a usage error naming the path). Only then does it take the lease on
-  OUTPUT (pipeline/lease.py: one writer per output; a second run on the same OUTPUT is
+  OUTPUT (pipeline/run/lease.py: one writer per output; a second run on the same OUTPUT is
   refused with exit 2, naming the holder), so a refused run never touches another
   writer's lease; under the lease it looks again (another writer may have moved OUTPUT
   on meanwhile), then the sink records the run state first (a new run) or settles what a
@@ -53,17 +53,17 @@ import pyarrow.fs as pafs
 from docintel.pipeline import formats, registry
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS, SECRET_PROPERTY_WORDS, Config
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
-from docintel.pipeline.lease import Lease
-from docintel.pipeline.plan import Plan
-from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
-from docintel.pipeline.sink import (
+from docintel.pipeline.input.source import InputFile
+from docintel.pipeline.output.sink import (
     BatchStats,
     Existing,
     RunSink,
     TaskMap,
     resolve_output,
 )
-from docintel.pipeline.source import InputFile
+from docintel.pipeline.run.lease import Lease
+from docintel.pipeline.run.plan import Plan
+from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
 from docintel.pipeline.storage import display_uri, is_local, s3_error
 
 __all__ = ["ErrorBudget", "RunOutput", "RunSummary", "plan_key", "sink_for"]
