@@ -512,21 +512,43 @@ class Chain:
 
 
 def chain(cfg: Config) -> Chain:
-    """The run's stages in order (``[pipeline] stages``; empty: the built-in chain)."""
-    entries = cfg.pipeline.stages or BUILTIN_NAMES
+    """The run's stages in order (``[pipeline] stages``; empty: the built-in chain). The
+    built-in stages a run has are the always-on ones and the optional ones its config asks
+    for (:attr:`StageSpec.wanted`); a ``[pipeline] stages`` list that leaves out a wanted
+    optional stage gets it after the built-in stage that precedes it in :data:`BUILTIN`."""
+    wanted = [s.name for s in BUILTIN if s.wanted_in(cfg)]
+    entries = _with_optional(list(cfg.pipeline.stages), wanted) if cfg.pipeline.stages else wanted
     by_name = {s.name: s for s in BUILTIN}
     specs = [by_name[e] if e in by_name else _user_spec(e, cfg) for e in entries]
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"[pipeline] stages names the stage(s) {dupes} more than once")
+    for s in specs:
+        if s.builtin and not s.wanted_in(cfg):
+            raise ConfigError(
+                f"[pipeline] stages names the optional stage {s.name!r}, which only runs "
+                f"with {s.wanted_by}; set that instead"
+            )
     builtin = [n for n in names if n in by_name]
-    if builtin != list(BUILTIN_NAMES):
+    if builtin != wanted:
         raise ConfigError(
-            f"[pipeline] stages must hold the built-in stages {list(BUILTIN_NAMES)} in this "
-            f"order (user stages may go between or after them); it has {builtin}"
+            f"[pipeline] stages must hold the built-in stages {wanted} in this order (user "
+            f"stages may go between or after them); it has {builtin}"
         )
     return Chain(cfg, tuple(specs))
+
+
+def _with_optional(entries: list[str], wanted: list[str]) -> list[str]:
+    """``entries`` with each wanted built-in stage it leaves out inserted right after the
+    wanted built-in stage before it (the first one: at the start)."""
+    out = list(entries)
+    for i, name in enumerate(wanted):
+        if name in out:
+            continue
+        before = wanted[i - 1] if i else None
+        out.insert(out.index(before) + 1 if before in out else 0, name)
+    return out
 
 
 def resolve(cfg: Config, stages: Chain | None = None) -> Chain:

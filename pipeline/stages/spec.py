@@ -110,6 +110,15 @@ class StageSpec:
     has_weights: bool = True
     builtin: bool = True
     settings: Mapping[str, Any] = field(default_factory=dict)  # [stages.<name>]
+    # An optional built-in stage (parse, redact, entities) joins a run's chain only when
+    # ``wanted(cfg)`` says so; ``wanted_by`` names the setting that asks for it, for the
+    # error when ``[pipeline] stages`` names it without. None: every run has it.
+    wanted: Callable[[Config], bool] | None = None
+    wanted_by: str = ""
+
+    def wanted_in(self, cfg: Config) -> bool:
+        """Whether a run under ``cfg`` has this stage in its chain (user stages: listed)."""
+        return self.wanted is None or self.wanted(cfg)
 
     @property
     def input_columns(self) -> tuple[str, ...]:

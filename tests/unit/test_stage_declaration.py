@@ -60,3 +60,38 @@ def test_a_new_built_in_stage_is_one_more_declaration(monkeypatch: pytest.Monkey
     assert cfg.resources.pool("parse").cpus == 0.5
     with pytest.raises(ValueError, match="langauge"):
         tree.model_validate({"parse": {"langauge": "de"}})
+
+
+def _optional_redact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake optional stage after sentencize, wanted when [faults] poison_stage says so
+    (any config key does; this one needs no new section)."""
+    redact = dataclasses.replace(
+        registry.SENTENCIZE,
+        name="redact",
+        section=None,
+        wanted=lambda cfg: cfg.faults.poison_stage == "redact",
+        wanted_by="[faults] poison_stage = 'redact'",
+    )
+    sentencize, *rest = registry.BUILTIN
+    monkeypatch.setattr(registry, "BUILTIN", (sentencize, redact, *rest))
+
+
+def test_an_optional_stage_joins_the_chain_only_when_its_setting_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _optional_redact(monkeypatch)
+    assert registry.chain(load_config()).names == ["sentencize", "embed", "classify"]
+    on = load_config(None, {"faults.poison_stage": "redact"})
+    assert registry.chain(on).names == ["sentencize", "redact", "embed", "classify"]
+    # an explicit list that leaves it out gets it after its built-in predecessor
+    listed = on.with_overrides({"pipeline.stages": ["sentencize", "embed", "classify"]})
+    assert registry.chain(listed).names == ["sentencize", "redact", "embed", "classify"]
+
+
+def test_an_optional_stage_named_without_its_setting_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _optional_redact(monkeypatch)
+    cfg = load_config(None, {"pipeline.stages": ["sentencize", "redact", "embed", "classify"]})
+    with pytest.raises(registry.ConfigError, match=r"'redact'.*\[faults\] poison_stage"):
+        registry.chain(cfg)
