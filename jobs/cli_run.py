@@ -145,6 +145,18 @@ RayAddressOpt = Annotated[
         "an embedded one. Default: an embedded Ray."
     ),
 ]
+WatchListOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--watch-list",
+        metavar="FILE",
+        help="Screen every sentence against this watch list (repeat for several): a CSV or "
+        "Parquet file of entity_id, name, optional aliases ('|'-separated) and type, named "
+        "by its file's stem. Adds the entities stage: sentences/ gets an entities column "
+        "and documents/ entity_ids. A bad list is refused before any work, naming its file "
+        "and line. See docs/entities.md. Default: \\[entities] lists, none.",
+    ),
+]
 
 
 def run(
@@ -161,6 +173,7 @@ def run(
     num_cpus: CpusOpt = None,
     ray_address: RayAddressOpt = None,
     model: ModelOpt = None,
+    watch_list: WatchListOpt = None,
     table_format: FormatOpt = None,
     append: AppendOpt = False,
     progress: ProgressOpt = True,
@@ -175,6 +188,8 @@ def run(
       docintel run corpus/ out/run1 --text-column body --id-column uuid
 
       docintel run corpus/ out/run1 --run-id run1     # resume after a crash
+
+      docintel run corpus/ out/ --watch-list clients.csv --watch-list pep.parquet
     """
     from docintel.actors.runner import execute
 
@@ -192,6 +207,7 @@ def run(
         "run.append": True if append else None,
         "run.show_progress": None if progress else False,
         "run.verbose": True if verbose else None,
+        "entities.lists": watch_list or None,
     }
     try:
         overrides.update(model_overrides(model))

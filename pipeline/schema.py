@@ -66,6 +66,26 @@ def backend_label(key: str, gpu: bool = False, cuda: bool = False, dtype: str = 
     return f"gpu-{dtype}" if cuda else BACKEND_GPU_SIM
 
 
+# Watch-list screening (the optional ``entities`` stage, pipeline/entities/stage.py): each
+# sentence's matches, and each document's distinct entity ids. Only in runs with the stage.
+ENTITIES = "entities"  # sentences: list<struct> below, [] when a sentence names none
+ENTITY_IDS = "entity_ids"  # documents: sorted distinct ids of its sentences' matches
+ENTITY_MATCH = pa.struct(
+    [
+        pa.field("entity_id", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),  # the entity's listed name
+        pa.field("list", pa.string(), nullable=False),  # the list's name: its file's stem
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("match", pa.string(), nullable=False),  # text[start:end]
+        pa.field("start", pa.int32(), nullable=False),  # offsets into the sentence's text
+        pa.field("end", pa.int32(), nullable=False),
+        pa.field("similarity", pa.float32(), nullable=False),  # 1.0: exact
+    ]
+)
+ENTITIES_TYPE = pa.list_(pa.field("item", ENTITY_MATCH, nullable=False))
+ENTITY_IDS_FIELD = pa.field(ENTITY_IDS, pa.list_(pa.string()))
+
+
 ERRORS_SCHEMA = pa.schema(
     [
         pa.field(DOC_ID, pa.string(), nullable=False),
@@ -92,7 +112,8 @@ def label_count_column(label: str) -> str:
     return f"n_{slug}"
 
 
-def documents_schema(labels: list[str]) -> pa.Schema:
+def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
+    """The documents table; ``entities``: the run has the entities stage (``entity_ids``)."""
     fields = [
         pa.field(DOC_ID, pa.string(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
@@ -105,6 +126,8 @@ def documents_schema(labels: list[str]) -> pa.Schema:
         pa.field("top_score", pa.float32()),
         pa.field("batch_id", pa.string(), nullable=False),
     ]
+    if entities:
+        fields.append(ENTITY_IDS_FIELD)
     return pa.schema(fields)
 
 

@@ -48,7 +48,14 @@ from docintel.pipeline.entities.compiled import CompiledLists, compile_lists
 from docintel.pipeline.entities.lists import load_list
 from docintel.pipeline.entities.matcher import Match, Matcher
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.schema import TEXT, backend_label
+from docintel.pipeline.schema import (
+    ENTITIES,
+    ENTITIES_TYPE,
+    ENTITY_IDS_FIELD,
+    ENTITY_MATCH,
+    TEXT,
+    backend_label,
+)
 from docintel.pipeline.settings import Settings
 from docintel.pipeline.stages.base import Stage
 from docintel.pipeline.stages.spec import Artefact, Backend, PoolDefaults, StageFacts, StageSpec
@@ -56,9 +63,7 @@ from docintel.pipeline.stages.spec import Artefact, Backend, PoolDefaults, Stage
 if TYPE_CHECKING:
     from docintel.pipeline.config import Config
 
-STAGE = "entities"
-ENTITIES = "entities"  # the sentences column (the stage's name too)
-ENTITY_IDS = "entity_ids"  # the documents column
+STAGE = ENTITIES  # the stage's name, and the sentences column it adds
 AUTOMATON = "automaton"  # the backend key: pyahocorasick over word codes; rows say cpu-fp32
 # Matching costs ~30 us a sentence (BENCHMARKS.md), about 1% of a CPU run's 3 ms: a tenth
 # of a logical CPU per replica, so that on 2 cores the chain's pools still leave the I/O
@@ -69,21 +74,6 @@ COMPILED_SUFFIX = ".lists"
 # The modules whose code decides what a compiled file holds and means: part of its key, so
 # a docintel with other matching rules never loads an old compilation.
 _CODE = ("compiled.py", "lists.py", "normalise.py")
-
-MATCH_TYPE = pa.struct(
-    [
-        pa.field("entity_id", pa.string(), nullable=False),
-        pa.field("name", pa.string(), nullable=False),
-        pa.field("list", pa.string(), nullable=False),
-        pa.field("type", pa.string(), nullable=False),
-        pa.field("match", pa.string(), nullable=False),
-        pa.field("start", pa.int32(), nullable=False),
-        pa.field("end", pa.int32(), nullable=False),
-        pa.field("similarity", pa.float32(), nullable=False),
-    ]
-)
-ENTITIES_TYPE = pa.list_(pa.field("item", MATCH_TYPE, nullable=False))
-ENTITY_IDS_FIELD = pa.field(ENTITY_IDS, pa.list_(pa.string()))
 
 
 class EntitiesConfig(Settings):
@@ -244,7 +234,7 @@ def entities_column(found: Sequence[Sequence[Match]]) -> pa.Array:
         "end": pa.array([m.end for m in flat], pa.int32()),
         "similarity": pa.array([m.similarity for m in flat], pa.float32()),
     }
-    structs = pa.StructArray.from_arrays(list(fields.values()), fields=list(MATCH_TYPE))
+    structs = pa.StructArray.from_arrays(list(fields.values()), fields=list(ENTITY_MATCH))
     return pa.ListArray.from_arrays(pa.array(offsets), structs, type=ENTITIES_TYPE)
 
 

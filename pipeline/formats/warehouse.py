@@ -77,7 +77,12 @@ from docintel.pipeline.output.sink import (
     read_json,
 )
 from docintel.pipeline.output.tables import Part, RunTables
-from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
+from docintel.pipeline.schema import (
+    ENTITIES,
+    ERRORS_SCHEMA,
+    documents_schema,
+    sentences_schema,
+)
 from docintel.pipeline.storage import display_uri
 
 STAGED = "staged"
@@ -234,7 +239,7 @@ class WarehouseSink(RunSink):
         stages' own sentence columns come with the first batch)."""
         dim = 1 if self.embeddings else None  # no fixed-size lists: list<float>, any size
         return {
-            "documents": documents_schema(list(self.labels)),
+            "documents": documents_schema(list(self.labels), ENTITIES in self.stages),
             "sentences": sentences_schema(dim, self.stages),
             "errors": ERRORS_SCHEMA,
         }

@@ -52,6 +52,7 @@ import pyarrow.fs as pafs
 
 from docintel.pipeline import formats, registry
 from docintel.pipeline.config import ERROR_FRACTION_MIN_DOCS, SECRET_PROPERTY_WORDS, Config
+from docintel.pipeline.entities.stage import plan_record as watch_lists_record
 from docintel.pipeline.errors import OutputError, RunFailed, UsageError
 from docintel.pipeline.input.source import InputFile
 from docintel.pipeline.output.sink import (
@@ -63,7 +64,12 @@ from docintel.pipeline.output.sink import (
 )
 from docintel.pipeline.run.lease import Lease
 from docintel.pipeline.run.plan import Plan
-from docintel.pipeline.schema import ERRORS_SCHEMA, documents_schema, sentences_schema
+from docintel.pipeline.schema import (
+    ENTITIES,
+    ERRORS_SCHEMA,
+    documents_schema,
+    sentences_schema,
+)
 from docintel.pipeline.storage import display_uri, is_local, s3_error
 
 __all__ = ["ErrorBudget", "RunOutput", "RunSummary", "plan_key", "sink_for"]
@@ -149,6 +155,7 @@ _HOW = {
     "batch_size": "--batch-size ([run] batch_size)",
     "embeddings": "--embeddings / --no-embeddings ([run] embeddings)",
     "stages": "[pipeline] stages",
+    "watch_lists": "--watch-list ([entities] lists, min_similarity)",
     "models": "the models of the config's stage sections",
 }
 
@@ -171,6 +178,8 @@ def plan_key(p: Plan) -> dict[str, Any]:
         "batch_size": cfg.run.batch_size,
         "embeddings": cfg.run.embeddings,
         "stages": list(p.stages),
+        # each watch list's name, content hash and size (None: no entities stage)
+        "watch_lists": watch_lists_record(cfg) if ENTITIES in p.stages else None,
         "models": dict(p.versions),
     }
 
@@ -621,7 +630,7 @@ def empty_schemas(p: Plan) -> dict[str, pa.Schema]:
     dims = [f.embedding_dim for spec in chain for f in [spec.check(p.cfg)] if f.embedding_dim]
     dim = dims[0] if dims and p.cfg.run.embeddings else None
     return {
-        "documents": documents_schema(list(p.labels)),
+        "documents": documents_schema(list(p.labels), ENTITIES in p.stages),
         "sentences": sentences_schema(dim, list(p.stages)),
         "errors": ERRORS_SCHEMA,
     }

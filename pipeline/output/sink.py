@@ -48,10 +48,13 @@ import pyarrow.parquet as pq
 
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
+from docintel.pipeline.entities.stage import document_entity_ids
 from docintel.pipeline.schema import (
     CONTRACT_SENTENCE_COLUMNS,
     DOC_ID,
     EMBEDDING,
+    ENTITIES,
+    ENTITY_IDS,
     N_TOKENS,
     PROBS,
     TRUNCATED,
@@ -182,7 +185,10 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
         np.where(has, mean[np.arange(n), top], np.nan), pa.float32(), mask=~has
     )
     cols["batch_id"] = pa.array([batch.batch_id] * n, pa.string())
-    return pa.table(cols, schema=documents_schema(labels))
+    entities = ENTITIES in sents.column_names  # the run has the entities stage
+    if entities:
+        cols[ENTITY_IDS] = document_entity_ids(sents, idx, n)
+    return pa.table(cols, schema=documents_schema(labels, entities))
 
 
 def sentences_table(batch: Batch, embeddings: bool) -> pa.Table:
