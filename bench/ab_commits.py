@@ -19,10 +19,14 @@ embeddings are compared (max |diff|): the same code path must give the same vect
 Pipeline mode (``--pipeline``): each side runs ``docintel run`` on the documents with its own
 default model and artefacts (as a user would); reported: the manifest's embed stage seconds
 and wall seconds, the embed replica's CPU seconds and the whole process tree's (sampled by
-bench/common.py's TreeSampler).
+bench/common.py's TreeSampler), and the driver's CPU seconds, in total and per document.
+The driver is this script's ``--child-run`` process calling the side's CLI in-process, so
+its CPU is exact: ``time.process_time()`` (every thread of the driver, from interpreter
+start: imports, planning, Ray start, dispatch, commit, shutdown) read by the last exit
+handler, after Ray's own; the Ray daemons and workers it starts are not in it.
 
-Input: ``--input`` documents (default: 300 documents of 17 headlines each, the corpus of
-bench/pipeline_vs_loop.py --corpus long: 5,175 sentences), split into sentences by this
+Input: ``--input`` documents (default: ``--docs`` 300 documents of 17 headlines each, the
+corpus of bench/pipeline_vs_loop.py --corpus long: 5,175 sentences), split into sentences by this
 checkout's sentencizer. Results: bench/ab_commits.md.
 """
 
@@ -127,19 +131,36 @@ def child_stage(texts_file: str, folder: str, threads: int, save: str) -> dict:
     return {"cpu": cpu, "wall": wall, "setup_cpu": setup_cpu, "n": len(texts), "code": code}
 
 
+def child_run(docs: str, out: str) -> None:
+    """Be the driver of a side's ``docintel run``; at exit, print its own CPU seconds.
+
+    The handler is registered before docintel (and Ray, which registers its shutdown at
+    import) is imported, so it runs last: the driver's whole life is counted."""
+    import atexit
+
+    def report() -> None:
+        print(json.dumps({"driver_cpu": time.process_time()}), flush=True)
+
+    atexit.register(report)
+    from docintel.jobs.cli import app
+
+    app(["run", docs, out, "--run-id", RUN_ID, "--no-progress"], prog_name="docintel")
+
+
 # --------------------------------------------------------------------------------------
 # Input
 # --------------------------------------------------------------------------------------
 
 
-def documents(path: str | None, work: Path) -> Path:
-    """The documents file: ``path``, or the long-headline corpus built into ``work``."""
+def documents(path: str | None, n_docs: int, work: Path) -> Path:
+    """The documents file: ``path``, or ``n_docs`` long-headline documents built into
+    ``work``."""
     if path:
         return Path(path).resolve()
     from pipeline_vs_loop import build_long_corpus  # bench/ is on sys.path (script dir)
 
-    target = work / "long-300x17.parquet"
-    build_long_corpus(300, 17, target)
+    target = work / f"long-{n_docs}x17.parquet"
+    build_long_corpus(n_docs, 17, target)
     return target
 
 
@@ -186,19 +207,21 @@ def stage_rounds(args: argparse.Namespace, sides: dict, texts: Path, work: Path)
 
 
 def pipeline_run(env: dict[str, str], tree: Path, docs: Path, out: Path) -> dict:
-    """One ``docintel run`` of a side, its process tree sampled for CPU seconds."""
+    """One ``docintel run`` of a side (its driver: ``--child-run``), its process tree
+    sampled for CPU seconds, the driver's own CPU as it reports it at exit."""
+    import pyarrow.parquet as pq
     from common import TreeSampler
 
-    cmd = [sys.executable, "-m", "docintel.jobs.cli", "run", str(docs), str(out),
-           "--run-id", RUN_ID, "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL,
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-run", str(docs), str(out)]
+    proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     sampler = TreeSampler(proc.pid, SAMPLE_S, detail=True)
     sampler.start()
-    _, err = proc.communicate()
+    stdout, err = proc.communicate()
     peak = sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(f"docintel run ({tree}) failed:\n{err[-3000:]}")
+    driver_cpu = json.loads(stdout.strip().splitlines()[-1])["driver_cpu"]
     manifest = json.loads((out / "_manifest.json").read_text())
     # the embed replica: the manifest's pid (newer manifests), else its actor's title
     pids = {r.get("pid") for r in manifest["replicas"] if r["stage"] == "embed"} - {None}
@@ -208,8 +231,11 @@ def pipeline_run(env: dict[str, str], tree: Path, docs: Path, out: Path) -> dict
             if p.pid in pids or "embed" in p.label.lower():
                 embed_cpu[p.pid] = max(embed_cpu.get(p.pid, 0.0), p.cpu_s)
     timings = manifest["timings"]
+    n_docs = pq.ParquetFile(docs).metadata.num_rows
     return {"cpu": sum(embed_cpu.values()), "wall": timings["stage_seconds"]["embed"],
-            "run_wall": timings["wall_seconds"], "tree_cpu": peak.cpu_s}  # fmt: skip
+            "run_wall": timings["wall_seconds"], "tree_cpu": peak.cpu_s,
+            "driver_cpu": driver_cpu, "driver_ms_doc": driver_cpu / n_docs * 1e3,
+            "sentences": manifest["counts"]["sentences"]}  # fmt: skip
 
 
 def pipeline_rounds(args: argparse.Namespace, sides: dict, docs: Path, work: Path) -> list[dict]:
@@ -218,7 +244,8 @@ def pipeline_rounds(args: argparse.Namespace, sides: dict, docs: Path, work: Pat
         row = pipeline_run(*sides[side], docs, work / f"out-{r}-{side}")
         rows.append({"round": r, "side": side, **row})
         print(f"  round {r} {side}: embed {row['cpu']:.1f} CPU-s, {row['wall']:.1f} s; "
-              f"run {row['run_wall']:.1f} s, {row['tree_cpu']:.1f} CPU-s", flush=True)  # fmt: skip
+              f"run {row['run_wall']:.1f} s, {row['tree_cpu']:.1f} CPU-s; "
+              f"driver {row['driver_cpu']:.2f} CPU-s", flush=True)  # fmt: skip
     return rows
 
 
@@ -228,26 +255,34 @@ def pipeline_rounds(args: argparse.Namespace, sides: dict, docs: Path, work: Pat
 
 
 def table(rows: list[dict], revs: dict[str, str], pipeline: bool) -> str:
-    """Markdown: one row per run, then the medians and new/old."""
-    cols = ["cpu", "wall"] + (["run_wall", "tree_cpu"] if pipeline else [])
-    names = {"cpu": "embed CPU s", "wall": "embed wall s", "run_wall": "run wall s",
-             "tree_cpu": "run tree CPU s"}  # fmt: skip
+    """Markdown: one row per run, then each side's median and range (min-max), new/old."""
+    cols = ["cpu", "wall"]
+    names = {"cpu": "embed CPU s", "wall": "embed wall s"}
     if pipeline:  # the replica's whole process (imports, model load) and the stage's time
-        names |= {"cpu": "embed replica CPU s", "wall": "embed stage s"}
+        cols += ["run_wall", "tree_cpu", "driver_cpu", "driver_ms_doc", "sentences"]
+        names = {"cpu": "embed replica CPU s", "wall": "embed stage s", "run_wall": "run wall s",
+                 "tree_cpu": "run tree CPU s", "driver_cpu": "driver CPU s",
+                 "driver_ms_doc": "driver CPU ms/doc", "sentences": "sentences"}  # fmt: skip
     head = ["round", "side", *(names[c] for c in cols)]
     lines = ["| " + " | ".join(head) + " |", "|" + " ---: |" * len(head)]
     for row in rows:
         vals = [str(row["round"]), f"{row['side']} ({revs[row['side']]})"]
-        lines.append("| " + " | ".join(vals + [f"{row[c]:.2f}" for c in cols]) + " |")
-    med = {
-        s: {c: statistics.median(r[c] for r in rows if r["side"] == s) for c in cols}
-        for s in ("old", "new")
-    }
-    lines.append("| median | old | " + " | ".join(f"{med['old'][c]:.2f}" for c in cols) + " |")
-    lines.append("| median | new | " + " | ".join(f"{med['new'][c]:.2f}" for c in cols) + " |")
+        lines.append("| " + " | ".join(vals + [_cell(row[c]) for c in cols]) + " |")
+    med = {}
+    for s in ("old", "new"):
+        runs = {c: [r[c] for r in rows if r["side"] == s] for c in cols}
+        med[s] = {c: statistics.median(v) for c, v in runs.items()}
+        lines.append(f"| median | {s} | " + " | ".join(_cell(med[s][c]) for c in cols) + " |")
+        spread = [f"{_cell(min(v))}-{_cell(max(v))}" for v in runs.values()]
+        lines.append(f"| range | {s} | " + " | ".join(spread) + " |")
     ratio = [f"**{med['new'][c] / med['old'][c]:.3f}**" for c in cols]
     lines.append("| new / old | | " + " | ".join(ratio) + " |")
     return "\n".join(lines)
+
+
+def _cell(value: float) -> str:
+    """A count as a whole number, a measurement with two decimals."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:.2f}"
 
 
 def same_vectors(work: Path) -> str:
@@ -265,18 +300,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", default="dd853ca", help="the commit before the change")
     ap.add_argument("--new", default="HEAD", help=f"a commit, or {WORKTREE} (this checkout)")
-    ap.add_argument("--input", help="documents (doc_id, text); default: 300 long documents")
+    ap.add_argument("--input", help="documents (doc_id, text); default: --docs long documents")
+    ap.add_argument("--docs", type=int, default=300, help="long documents built (default 300)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="stage mode: ORT intra-op threads")
     ap.add_argument("--artefact", help="stage mode: the ONNX folder (default: --new's)")
     ap.add_argument("--pipeline", action="store_true", help="whole `docintel run`s instead")
     ap.add_argument("--child-artefact", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-stage", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--child-run", nargs=2, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def main() -> int:
     args = parse_args()
+    if args.child_run:  # the driver of a side's run: docintel's CLI exits this process
+        child_run(*args.child_run)
+        return 0
     if args.child_artefact or args.child_stage:  # inside a side's process
         c = args.child_stage
         result = (
@@ -290,7 +330,7 @@ def main() -> int:
         trees = {s: make_tree(rev, work) for s, rev in revs.items()}
         try:
             sides = {s: (side_env(t, work), t) for s, t in trees.items()}
-            docs = documents(args.input, work)
+            docs = documents(args.input, args.docs, work)
             if args.pipeline:
                 rows = pipeline_rounds(args, sides, docs, work)
                 note = "each side's own default model and artefacts"
