@@ -31,6 +31,14 @@ from docintel.pipeline.errors import ConfigError, InputError, UsageError
 from docintel.pipeline.formats.parquet import ParquetRun
 from docintel.pipeline.output.sink import atomic_write
 from docintel.pipeline.output.tables import RunTables
+from docintel.pipeline.report.entities import (
+    ENTITIES,
+    ENTITIES_CSV,
+    EntityRisk,
+    entities_csv,
+    no_entities,
+    screened,
+)
 from docintel.pipeline.report.html import render_html
 from docintel.pipeline.report.keys import NO_TOP_LABEL, REQUIRED_AUDIT_KEYS, SHARE_KEYS
 from docintel.pipeline.report.review import (
@@ -85,6 +93,7 @@ def write_report(
     root = run_root.rstrip("/") or "/"
     report = build_report(tables or ParquetRun(fs, root), audit, history, risk_label, top_n)
     ranked = report.pop("_ranked")
+    entities_ranked = report.pop("_entities_ranked", None)
     # Round-trip through JSON so the returned dict is exactly what report.json holds
     # (datetimes in the audit dict become ISO strings in both).
     # Control characters of document text are \u escapes in the file (json_text).
@@ -95,6 +104,9 @@ def write_report(
         fs.create_dir(root, recursive=True)
     atomic_write(fs, f"{root}/{REVIEW_CSV}", review_csv(ranked, report["review"]))
     atomic_write(fs, f"{root}/{CHANGES_CSV}", changes_csv(report.get("changes") or {}))
+    if entities_ranked is not None:  # a run screened against watch lists
+        csv = entities_csv(entities_ranked, report[ENTITIES])
+        atomic_write(fs, f"{root}/{ENTITIES_CSV}", csv)
     atomic_write(fs, f"{root}/{REPORT_JSON}", text.encode())
     atomic_write(fs, f"{root}/{REPORT_HTML}", render_html(report).encode())
     return report
@@ -131,7 +143,12 @@ def build_report(
                 f"{tables.manifest_uri} is missing: the run {tables.uri} is not committed, "
                 "so there is nothing to report yet; finish (or resume) the run first"
             )
-        report.update(_run_sections(tables, manifest, risk_label, top_n, audit.get("changes")))
+        previous = history[-1] if history else None
+        changes = audit.get("changes")
+        report.update(_run_sections(tables, manifest, risk_label, top_n, changes, previous))
+        new_mentions = report.pop("_entity_changes", None)
+        if new_mentions is not None and report.get("changes") is not None:
+            report["changes"] = {**report["changes"], **new_mentions}
     else:
         report.update(_empty_sections())
         report["_ranked"] = DocScores(risk_label).ranked(audit.get("changes"))
@@ -160,6 +177,7 @@ def _empty_sections() -> dict[str, Any]:
         "partial": False,
         "skipped_files": [],
         "warnings": [],
+        **no_entities(),
     }
 
 
@@ -169,7 +187,9 @@ def _run_sections(
     risk_label: str,
     top_n: int,
     changes: dict[str, Any] | None,
+    previous: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    """The sections of a night that ran; ``previous``: the previous audit's report."""
     labels = list(manifest.get("labels", []))
     if risk_label not in labels:
         raise ConfigError(
@@ -178,7 +198,8 @@ def _run_sections(
         )
     scores = DocScores(risk_label)
     docs = _documents(tables, scores)
-    sents = _sentences(tables, risk_label, top_n, scores)
+    named = EntityRisk(risk_label, changes) if screened(tables) else None
+    sents = _sentences(tables, risk_label, top_n, scores, named)
     ranked = scores.ranked(changes)
     errs = _errors(tables)
     for lb in sents["label_counts"]:
@@ -217,6 +238,7 @@ def _run_sections(
         "partial": bool(manifest.get("partial", False)),
         "skipped_files": list(manifest.get("skipped_files", [])),
         "warnings": warnings,
+        **(named.result(tables, previous) if named else no_entities()),
     }
 
 
@@ -245,16 +267,24 @@ def _documents(tables: RunTables, scores: DocScores) -> dict[str, Any]:
 TOP_SORT = [(SCORE, "descending"), (DOC_ID, "ascending"), (SENT_INDEX, "ascending")]
 
 
-def _sentences(tables: RunTables, risk_label: str, top_n: int, scores: DocScores) -> dict[str, Any]:
-    """Counts per label, tokens, a running top-N of the risk label by score, and the
-    per-document sums of ``scores``."""
-    cols = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE, N_TOKENS]
+def _sentences(
+    tables: RunTables,
+    risk_label: str,
+    top_n: int,
+    scores: DocScores,
+    named: EntityRisk | None = None,
+) -> dict[str, Any]:
+    """Counts per label, tokens, a running top-N of the risk label by score, the
+    per-document sums of ``scores`` and, for a screened run, the entities' (``named``)."""
+    cols = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE, N_TOKENS, *([ENTITIES] if named else [])]
     n = tokens = 0
     labels: Counter[str] = Counter()
     best: pa.Table | None = None  # at most top_n rows at any time
     for b in tables.batches("sentences", cols, rows=READ_BATCH_ROWS):
         n += b.num_rows
         scores.add_sentences(b)
+        if named is not None:
+            named.add(b)
         tokens += int(pc.sum(b.column(N_TOKENS)).as_py() or 0)
         labels.update(_value_counts(b.column(LABEL)))
         risky = pa.Table.from_batches([b]).filter(pc.equal(b.column(LABEL), risk_label))

@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any
 
+from docintel.pipeline.report.entity_sections import entities_section, entity_drilldown_section
 from docintel.pipeline.report.keys import AUDIT_COUNTS, SHARE_KEYS, SHARE_NAMES
 from docintel.pipeline.report.markup import esc as _e
 from docintel.pipeline.report.markup import ident as _id
@@ -206,6 +207,7 @@ tr.removed td { background: #f4f4f4; color: #666; text-decoration: line-through;
 details { margin-top: 2rem; border-top: 1px solid #ddd; padding-top: .5rem; }
 summary { cursor: pointer; font-weight: 600; }
 .id { white-space: nowrap; }
+mark { background: #ffe08a; padding: 0 .1rem; } .entity-link { font-weight: 600; }
 """
 
 
@@ -443,11 +445,13 @@ def render_html(report: dict[str, Any]) -> str:
         _summary(report),
         changes_section(report),  # short and bounded: what is new tonight, at a glance
         review_section(report),
+        entities_section(report),  # watch-listed names in risk sentences, when screened
         watch_section(report),  # [audit] watch hits, when the audit recorded them
         _risk_section(report),
         _trend_section(report),
         _labels_section(report),
         drilldown_section(report),
+        entity_drilldown_section(report),
         _errors_section(report),
         _engineering(report),
     ]

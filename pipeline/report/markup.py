@@ -9,6 +9,7 @@ right-to-left name cannot reorder the text around it."""
 from __future__ import annotations
 
 import html
+from typing import Any
 
 from docintel.pipeline.untrusted import visible
 
@@ -60,3 +61,16 @@ def yes_no(value: object) -> str | None:
 
 def section(sid: str, title: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def doc_anchors(r: dict[str, Any]) -> dict[str, str]:
+    """The drill-down anchor (``doc-<rank>``, never built from an id) of each document the
+    report shows sentence by sentence."""
+    return {d["doc_id"]: f"doc-{int(d['rank'])}" for d in r.get("drilldown", [])}
+
+
+def doc_link(doc_id: str, anchors: dict[str, str]) -> str:
+    """A document id, linked to its drill-down when the report has one."""
+    if doc_id in anchors:
+        return f'<a class="doc-link" href="#{anchors[doc_id]}">{ident(doc_id)}</a>'
+    return ident(doc_id)

@@ -168,7 +168,7 @@ def review_csv(ranked: pa.Table, review: list[dict[str, Any]]) -> bytes:
     """review.csv: every ranked document; the top risk sentence where report.json has it."""
     top = {r["doc_id"]: r["sentences"][0]["text"] for r in review if r["sentences"]}
     text = pa.array([top.get(d) for d in ranked[DOC_ID].to_pylist()], pa.string())
-    return _csv(ranked.drop_columns(["doc_status"]).append_column("top_risk_sentence", text))
+    return table_csv(ranked.drop_columns(["doc_status"]).append_column("top_risk_sentence", text))
 
 
 def changes_csv(changes: dict[str, Any]) -> bytes:
@@ -180,10 +180,10 @@ def changes_csv(changes: dict[str, Any]) -> bytes:
         {DOC_ID: pa.array([r[0] for r in rows], pa.string()),
          "change": pa.array([r[1] for r in rows], pa.string())}
     )  # fmt: skip
-    return _csv(table)
+    return table_csv(table)
 
 
-def _csv(table: pa.Table) -> bytes:
+def table_csv(table: pa.Table) -> bytes:
     """The table as CSV, every string cell through :func:`csv_cell` (never a formula)."""
     cols = [
         pa.array([None if v is None else csv_cell(v) for v in col.to_pylist()], pa.string())

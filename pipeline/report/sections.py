@@ -10,24 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from docintel.pipeline.report.markup import esc, ident, num, section, table
+from docintel.pipeline.report.entity_sections import entity_changes_html
+from docintel.pipeline.report.markup import (
+    doc_anchors,
+    doc_link,
+    esc,
+    ident,
+    num,
+    section,
+    table,
+)
 
 SHOWN_IDS = 20  # ids listed per kind of change before "and N more"
 CHANGED_SHOWN = 10  # changed documents whose added/removed sentences the page shows
 
 
-def _anchors(r: dict[str, Any]) -> dict[str, str]:
-    return {d["doc_id"]: f"doc-{int(d['rank'])}" for d in r.get("drilldown", [])}
-
-
-def _doc_link(doc_id: str, anchors: dict[str, str]) -> str:
-    if doc_id in anchors:
-        return f'<a class="doc-link" href="#{anchors[doc_id]}">{ident(doc_id)}</a>'
-    return ident(doc_id)
-
-
 def review_section(r: dict[str, Any]) -> str:
-    anchors = _anchors(r)
+    anchors = doc_anchors(r)
     risk = esc(r["risk_label"])
     rows = []
     for d in r.get("review", [])[: r["top_n"]]:
@@ -39,7 +38,7 @@ def review_section(r: dict[str, Any]) -> str:
         rows.append(
             [
                 num(d["rank"]),
-                _doc_link(d["doc_id"], anchors),
+                doc_link(d["doc_id"], anchors),
                 f'<span class="id">{esc(d["status"] or "—")}</span>',
                 num(d["risk_score"], ".3f"),
                 f"{d['risk_sentences']:,} / {d['n_sentences']:,}",
@@ -62,7 +61,7 @@ def review_section(r: dict[str, Any]) -> str:
 
 
 def _id_list(list_id: str, title: str, ids: list[str], anchors: dict[str, str]) -> str:
-    shown = ", ".join(_doc_link(d, anchors) for d in ids[:SHOWN_IDS]) or "none"
+    shown = ", ".join(doc_link(d, anchors) for d in ids[:SHOWN_IDS]) or "none"
     more = len(ids) - SHOWN_IDS
     tail = f' <span class="more">and {more:,} more</span>' if more > 0 else ""
     return f'<p id="{list_id}"><b>{esc(title)} ({len(ids):,}):</b> {shown}{tail}</p>'
@@ -86,7 +85,7 @@ def changes_section(r: dict[str, Any]) -> str:
     if ch is None:
         note = '<p class="note">No document-level changes were recorded with this report.</p>'
         return section("changes", "What changed tonight", note)
-    anchors = _anchors(r)
+    anchors = doc_anchors(r)
     changed = ch["changed"]
     body = (
         _id_list("changes-new", "New", ch["new"], anchors)
@@ -101,7 +100,7 @@ def changes_section(r: dict[str, Any]) -> str:
     detailed = [c for c in changed if "added" in c][:CHANGED_SHOWN]
     for k, c in enumerate(detailed):
         body += (
-            f'<div class="changed-doc"><h3>{_doc_link(c["doc_id"], anchors)} <span class="sub">'
+            f'<div class="changed-doc"><h3>{doc_link(c["doc_id"], anchors)} <span class="sub">'
             f"sentences added and removed since its version of "
             f"{esc(c['previous_date'])}</span></h3>{_diff_table(k, c)}</div>"
         )
@@ -111,6 +110,7 @@ def changes_section(r: dict[str, Any]) -> str:
             f'<p class="more">and {more:,} more changed documents: every id is in '
             "changes.csv, their added and removed sentences in report.json.</p>"
         )
+    body += entity_changes_html(r)  # listed names in new risk sentences, when screened
     body += '<p class="note">Full lists: changes.csv beside this report, and report.json.</p>'
     return section("changes", "What changed tonight", body)
 
