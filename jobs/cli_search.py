@@ -51,6 +51,15 @@ DocIdOpt = Annotated[
     str | None,
     typer.Option("--doc-id", help="Only documents whose doc_id starts with PREFIX; default: all."),
 ]
+EntityOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--entity",
+        metavar="ID",
+        help="Only sentences that name this watch-listed entity (its entity_id; the run was "
+        "made with --watch-list); default: any sentence.",
+    ),
+]
 JsonOpt = Annotated[
     bool,
     typer.Option(
@@ -70,6 +79,7 @@ def search(
     label: LabelOpt = None,
     min_score: MinScoreOpt = None,
     doc_id: DocIdOpt = None,
+    entity: EntityOpt = None,
     json_lines: JsonOpt = False,
     exact: ExactOpt = False,
     config: ConfigOpt = None,
@@ -88,6 +98,8 @@ def search(
       docintel search demo-out "material weakness" --label Bearish --json
 
       docintel search s3://bucket/run1 --queries watch.txt --doc-id 10-K/
+
+      docintel search out/ "fraud investigation" --entity E0001234
     """
     from docintel.pipeline.search.query import Filters, read_queries
     from docintel.pipeline.search.query import search as run_search
@@ -96,7 +108,7 @@ def search(
         texts = [query] if query is not None else []
         if queries is not None:
             texts += read_queries(queries)
-        filters = Filters(label=label, min_score=min_score, doc_prefix=doc_id)
+        filters = Filters(label=label, min_score=min_score, doc_prefix=doc_id, entity_id=entity)
         result = run_search(output, texts, top, filters, load_config(config), exact=exact)
     except DocintelError as e:
         fail(e)

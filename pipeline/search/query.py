@@ -33,7 +33,7 @@ import pyarrow as pa
 from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import Config, EmbedConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
-from docintel.pipeline.schema import EMBEDDING, TORCH
+from docintel.pipeline.schema import EMBEDDING, ENTITIES, TORCH
 from docintel.pipeline.search import index as ann_index
 from docintel.pipeline.search.source import (
     HIT_COLUMNS,
@@ -207,7 +207,7 @@ def exact_search(
     record batches of at most ``batch_rows``."""
     queries = unit_rows(np.asarray(vectors, np.float32))
     best = [TopK(top) for _ in range(len(queries))]
-    for read in source.batches([*HIT_COLUMNS, EMBEDDING], batch_rows):
+    for read in source.batches([*HIT_COLUMNS, EMBEDDING, *filters.columns], batch_rows):
         mask = filters.mask(read)
         batch = read if mask is None else read.filter(mask)
         if batch[EMBEDDING].null_count:
@@ -267,6 +267,15 @@ def check_label(source: SentencesSource, label: str | None) -> None:
         raise UsageError(f"--label {label!r}: the run's classifier has labels {', '.join(labels)}")
 
 
+def check_entity(source: SentencesSource, entity_id: str | None) -> None:
+    """``--entity`` asks a run that screened its sentences (the entities stage ran)."""
+    if entity_id is not None and ENTITIES not in (source.manifest.get("stages") or []):
+        raise UsageError(
+            f"--entity: {source.uri} was made without watch lists (no entities stage), so "
+            "no sentence names an entity; run it with --watch-list FILE"
+        )
+
+
 def search(
     output_uri: str,
     queries: list[str],
@@ -285,12 +294,15 @@ def search(
     source = SentencesSource.open(output_uri, cfg.storage, cfg)
     dim = source.require_embeddings()
     check_label(source, filters.label)
+    check_entity(source, filters.entity_id)
     encoder = encoder or QueryEncoder(cfg.embed)
     encoder.check(source.manifest, source.uri)
     vectors, truncated = encoder.encode(queries)
     if dim and vectors.shape[1] != dim:
         raise ModelError(f"the encoder makes {vectors.shape[1]}-d vectors, {source.uri} {dim}-d")
     index, note = (None, "exact scan (--exact)") if exact else ann_index.find(source)
+    if index is not None and filters.entity_id is not None:  # the index has no entities
+        index, note = None, "exact scan (--entity: the index holds no entities column)"
     if index is not None and filters.doc_ids is None:
         hits = ann_index.query(index, vectors, top, filters)
         used = True

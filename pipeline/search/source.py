@@ -32,7 +32,15 @@ from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.output.sink import MANIFEST
 from docintel.pipeline.output.tables import RunTables
-from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL, SCORE, SENT_INDEX, TEXT
+from docintel.pipeline.schema import (
+    DOC_ID,
+    EMBEDDING,
+    ENTITIES,
+    LABEL,
+    SCORE,
+    SENT_INDEX,
+    TEXT,
+)
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
 
 SENTENCES = "sentences"
@@ -163,12 +171,19 @@ class SentencesSource:
 
 @dataclass(frozen=True)
 class Filters:
-    """Which sentences may be hits: a label, a minimum score, a doc_id prefix, a doc id set."""
+    """Which sentences may be hits: a label, a minimum score, a doc_id prefix, a doc id set,
+    a watch-listed entity the sentence names (its ``entities`` column)."""
 
     label: str | None = None
     min_score: float | None = None
     doc_prefix: str | None = None
     doc_ids: frozenset[str] | None = None
+    entity_id: str | None = None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns the filters read beyond the hit columns."""
+        return (ENTITIES,) if self.entity_id is not None else ()
 
     def mask(self, batch: pa.RecordBatch) -> pa.ChunkedArray | pa.Array | None:
         """The rows of ``batch`` that pass (None: every row)."""
@@ -181,6 +196,8 @@ class Filters:
             parts.append(pc.starts_with(batch[DOC_ID], self.doc_prefix))
         if self.doc_ids is not None:
             parts.append(pc.is_in(batch[DOC_ID], pa.array(sorted(self.doc_ids), pa.string())))
+        if self.entity_id is not None:
+            parts.append(names_entity(batch[ENTITIES], self.entity_id))
         if not parts:
             return None
         out = parts[0]
@@ -201,6 +218,17 @@ class Filters:
             ids = ", ".join(_quote(d) for d in sorted(self.doc_ids)) or "NULL"
             parts.append(f"{DOC_ID} IN ({ids})")
         return " AND ".join(parts) or None
+
+
+def names_entity(entities: pa.Array | pa.ChunkedArray, entity_id: str) -> pa.Array:
+    """For each row of an ``entities`` column, whether one of its matches is ``entity_id``."""
+    if isinstance(entities, pa.ChunkedArray):
+        entities = entities.combine_chunks()
+    hits = pc.equal(pc.struct_field(pc.list_flatten(entities), "entity_id"), entity_id)
+    parents = pc.list_parent_indices(entities).to_numpy(zero_copy_only=False)
+    named = np.zeros(len(entities), bool)
+    named[parents[hits.to_numpy(zero_copy_only=False)]] = True
+    return pa.array(named)
 
 
 def _quote(s: str) -> str:
