@@ -32,7 +32,7 @@ from docintel.jobs.ui import (
     warn_partial,
 )
 from docintel.pipeline.config import load_config
-from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.errors import ConfigError, DocintelError
 from docintel.pipeline.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -158,6 +158,39 @@ WatchListOpt = Annotated[
     ),
 ]
 
+RedactOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--redact/--no-redact",
+        help="Replace personal values (e-mail addresses, phone numbers, card numbers, IBANs, "
+        "US SSNs, IP addresses, and \\[privacy.patterns] of the config) in every sentence by "
+        "<TYPE> placeholders before it is embedded, classified, written, searched or "
+        "reported; sentences/ gets a pii column of the placeholders' spans, never the "
+        "values. Recorded in the manifest; a resume must ask the same. See "
+        "docs/privacy.md. Default: \\[privacy] redact, off.",
+    ),
+]
+RedactOnlyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--redact-only",
+        metavar="TYPES",
+        help="Redact only these built-in types (implies --redact), comma-separated or the "
+        "option repeated: EMAIL_ADDRESS, PHONE_NUMBER, CREDIT_CARD, IBAN_CODE, US_SSN, "
+        "IP_ADDRESS. Your own patterns go in the config file (\\[privacy.patterns]), "
+        "never on the command line. Default: every type when redacting.",
+    ),
+]
+
+
+def redact_setting(redact: bool | None, types: list[str] | None) -> bool | list[str] | None:
+    """``[privacy] redact`` as --redact / --redact-only ask (None: the config's)."""
+    if not types:
+        return redact
+    if redact is False:
+        raise ConfigError("--no-redact and --redact-only contradict each other; give one")
+    return [t.strip() for item in types for t in item.split(",") if t.strip()]
+
 
 def run(
     input: InputArg,
@@ -174,6 +207,8 @@ def run(
     ray_address: RayAddressOpt = None,
     model: ModelOpt = None,
     watch_list: WatchListOpt = None,
+    redact: RedactOpt = None,
+    redact_only: RedactOnlyOpt = None,
     table_format: FormatOpt = None,
     append: AppendOpt = False,
     progress: ProgressOpt = True,
@@ -211,9 +246,15 @@ def run(
     }
     try:
         overrides.update(model_overrides(model))
+        overrides["privacy.redact"] = redact_setting(redact, redact_only)
         summary = _watched(execute, load_config(config, overrides), input, output, run_id)
     except DocintelError as e:
         fail(e)
+    _print_done(summary)
+
+
+def _print_done(summary: Any) -> None:
+    """The run's summary, and a warning when input files were skipped (exit 3)."""
     print_run_summary(summary)
     if summary.partial:
         warn_partial(

@@ -59,6 +59,7 @@ from docintel.pipeline.artefacts.paths import (
 from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.entities.stage import ENTITIES_SPEC as ENTITIES
 from docintel.pipeline.errors import ConfigError, ModelError
+from docintel.pipeline.privacy.stage import PRIVACY
 from docintel.pipeline.schema import (
     DOC_ID,
     EMBEDDING,
@@ -328,7 +329,7 @@ CLASSIFY = StageSpec(
 # settings model and its StageSpec) plus one entry here: its config section [<name>], its
 # [resources.<name>] pool with the declared defaults, its share of a card and its
 # <name>_backend / <name>_model columns all follow from the declaration.
-BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, ENTITIES, EMBED, CLASSIFY)
+BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, PRIVACY, ENTITIES, EMBED, CLASSIFY)
 BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
 
 

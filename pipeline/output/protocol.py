@@ -62,6 +62,7 @@ from docintel.pipeline.output.sink import (
     TaskMap,
     resolve_output,
 )
+from docintel.pipeline.privacy import stage as privacy
 from docintel.pipeline.run.lease import Lease
 from docintel.pipeline.run.plan import Plan
 from docintel.pipeline.schema import (
@@ -154,6 +155,7 @@ _HOW = {
     "columns": "--id-column / --text-column ([input] id_column, text_column)",
     "batch_size": "--batch-size ([run] batch_size)",
     "embeddings": "--embeddings / --no-embeddings ([run] embeddings)",
+    privacy.NAME: "--redact / --redact-only ([privacy] redact and [privacy.patterns])",
     "stages": "[pipeline] stages",
     "watch_lists": "--watch-list ([entities] lists, min_similarity)",
     "models": "the models of the config's stage sections",
@@ -177,6 +179,8 @@ def plan_key(p: Plan) -> dict[str, Any]:
         "columns": {"id": cfg.input.id_column, "text": cfg.input.text_column},
         "batch_size": cfg.run.batch_size,
         "embeddings": cfg.run.embeddings,
+        # redacted or not, the types, a digest of each user regex (never the regex)
+        privacy.NAME: privacy.plan_setting(cfg),
         "stages": list(p.stages),
         # each watch list's name, content hash and size (None: no entities stage)
         "watch_lists": watch_lists_record(cfg) if ENTITIES in p.stages else None,
@@ -585,6 +589,8 @@ class RunOutput:
             "plan": {k: v for k, v in self.key.items() if k != "input"},
             "output": summary.output,
             "config": recorded_config(p.cfg),
+            # whether the text was redacted, with which types and pattern names
+            privacy.NAME: privacy.manifest_record(p.cfg),
             "models": models,
             "stages": list(p.stages),  # the chain, in order (the report orders by it)
             "labels": p.labels,
@@ -675,6 +681,7 @@ def recorded_config(cfg: Config) -> dict[str, Any]:
         k: (v if k in RECORDED_CATALOG_PROPERTIES else REDACTED) for k, v in props.items()
     }
     out["output"] = output
+    out[privacy.NAME] = privacy.recorded_section(cfg)  # a user regex may spell out a value
     out["stages"] = {
         name: {
             k: REDACTED if SECRET_NAME.search(k.replace("_", "-")) else v

@@ -24,15 +24,45 @@ was measured at about 0.7 ms a sentence, too slow to run on every one. Both libr
 their data inside their wheels: nothing is downloaded at run time, no model is needed.
 """
 
-from docintel.pipeline.privacy.detectors import BUILTIN_TYPES, DETECTORS
-from docintel.pipeline.privacy.patterns import check_types, compile_patterns
-from docintel.pipeline.privacy.redactor import (
-    OffsetMap,
-    Redaction,
-    Redactor,
-    resolve,
-    spans_within,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docintel.pipeline.privacy.detectors import BUILTIN_TYPES, DETECTORS
+    from docintel.pipeline.privacy.patterns import check_types, compile_patterns
+    from docintel.pipeline.privacy.redactor import (
+        OffsetMap,
+        Redaction,
+        Redactor,
+        resolve,
+        spans_within,
+    )
+
+# Where each name lives. Imported on first use (PEP 562): the config tree declares the
+# [privacy] section through the stage module (docintel.pipeline.privacy.stage), and every
+# CLI start imports the config; phonenumbers and python-stdnum (~50 ms) load only when a
+# setting is checked or a replica redacts.
+_HOMES = {
+    "BUILTIN_TYPES": "detectors",
+    "DETECTORS": "detectors",
+    "check_types": "patterns",
+    "compile_patterns": "patterns",
+    "OffsetMap": "redactor",
+    "Redaction": "redactor",
+    "Redactor": "redactor",
+    "resolve": "redactor",
+    "spans_within": "redactor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "BUILTIN_TYPES",
