@@ -26,6 +26,11 @@ class Batch:
     seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    # Document input only: per document, what the documents table records beside its
+    # counts (schema.DOCUMENT_META_SCHEMA: source format, pages, title, page starts); the
+    # read task fills the format from the file name, the parse stage the rest. None for
+    # Parquet input.
+    documents: pa.Table | None = None
 
     @property
     def n_docs(self) -> int:

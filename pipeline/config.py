@@ -132,6 +132,10 @@ class InputConfig(_Strict):
     id_column: str = DEFAULT_ID_COLUMN
     text_column: str = DEFAULT_TEXT_COLUMN
     max_id_bytes: int = Field(DEFAULT_MAX_ID_BYTES, ge=1)  # longer ids: exit 2 before work
+    # What INPUT holds: "auto" = decided by the files' names when a run plans (Parquet
+    # files, or document files read by the parse stage: .pdf .html .htm .docx .eml .txt
+    # .md); the plan records the answer here, so the chain has the parse stage or not.
+    kind: Literal["auto", "parquet", "documents"] = "auto"
 
 
 class RunConfig(_Strict):

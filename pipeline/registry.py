@@ -61,6 +61,7 @@ from docintel.pipeline.entities.stage import ENTITIES_SPEC as ENTITIES
 from docintel.pipeline.errors import ConfigError, ModelError
 from docintel.pipeline.privacy.stage import PRIVACY
 from docintel.pipeline.schema import (
+    CONTENT,
     DOC_ID,
     EMBEDDING,
     END_CHAR,
@@ -92,6 +93,7 @@ from docintel.pipeline.stages.classify import (
 from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, embedding_dim
 from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
+from docintel.pipeline.stages.parse import PARSE
 from docintel.pipeline.stages.sentencize import SentencizeConfig, Sentencizer, check_spacy_model
 from docintel.pipeline.stages.spec import (  # re-exported: the declaration's words
     Artefact,
@@ -329,7 +331,7 @@ CLASSIFY = StageSpec(
 # settings model and its StageSpec) plus one entry here: its config section [<name>], its
 # [resources.<name>] pool with the declared defaults, its share of a card and its
 # <name>_backend / <name>_model columns all follow from the declaration.
-BUILTIN: tuple[StageSpec, ...] = (SENTENCIZE, PRIVACY, ENTITIES, EMBED, CLASSIFY)
+BUILTIN: tuple[StageSpec, ...] = (PARSE, SENTENCIZE, PRIVACY, ENTITIES, EMBED, CLASSIFY)
 BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
 
 
@@ -604,11 +606,14 @@ def check_columns(specs: Sequence[StageSpec]) -> list[str]:
     what the sink writes. Returns the final columns."""
     from docintel.pipeline.stages.base import check_chain
 
-    final = check_chain([DOC_ID, TEXT], [s.cls for s in specs])
+    # a read task's rows: files' bytes for a chain that parses them, else documents' text
+    first = next(iter(specs), None)
+    source = [DOC_ID, CONTENT] if first and CONTENT in first.input_columns else [DOC_ID, TEXT]
+    final = check_chain(source, [s.cls for s in specs])
     missing = [c for c in SINK_COLUMNS if c not in final]
     if missing:
         raise ConfigError(f"the stage chain drops the output column(s) {missing}")
-    seen: set[str] = {DOC_ID, TEXT}
+    seen: set[str] = set(source)
     for s in specs:
         if not s.builtin:
             taken = [c for c in s.output_columns if c in seen or c in SINK_COLUMNS]

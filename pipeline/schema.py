@@ -24,6 +24,31 @@ TRUNCATED = "truncated"
 LABEL = "label"
 SCORE = "score"
 PROBS = "probs"  # internal: the full probability vector, aggregated per document
+PAGE = "page"  # 1-based page of a sentence's start (paged formats: PDF), else null
+
+# Document input (a folder of PDF, HTML, DOCX, e-mail, text): the read task's rows carry
+# the file's bytes; the parse stage turns them into text and these document columns,
+# which travel beside the rows (Batch.documents) to the documents table.
+CONTENT = "content"  # a file's bytes (read task -> parse)
+SOURCE_FORMAT = "source_format"  # pdf, html, docx, eml, txt, md; "parquet" for Parquet input
+N_PAGES = "n_pages"  # PDF only
+TITLE = "title"
+PAGE_STARTS = "page_starts"  # each page's first character in the document's text
+PARQUET_SOURCE = "parquet"
+FOUND = "found"
+DOCUMENT_META_SCHEMA = pa.schema(
+    [
+        pa.field(DOC_ID, pa.string(), nullable=False),
+        pa.field(SOURCE_FORMAT, pa.string()),
+        pa.field(N_PAGES, pa.int32()),
+        pa.field(TITLE, pa.string()),
+        pa.field(PAGE_STARTS, pa.list_(pa.int64())),
+        # internal: found inside an input file (an e-mail attachment), not one of the
+        # input's files; the run's document count checks files + found
+        pa.field(FOUND, pa.bool_()),
+    ]
+)
+DOCUMENT_COLUMNS = tuple(DOCUMENT_META_SCHEMA.names[1:-1])  # what a parse stage's rows add
 
 # Backend labels, written on every sentence row (``<stage>_backend``) and counted in the
 # manifest: how a stage computed its result. Not the pool a replica belongs to ("gpu" or
@@ -48,6 +73,7 @@ BACKEND_CPU_INT8 = "cpu-int8"
 TORCH = "torch"  # the encoder folder on PyTorch
 KERAS = "keras"  # the classifier head on Keras (TensorFlow)
 SPACY = "spacy"  # the sentencizer's spaCy pipeline
+PARSERS = "parsers"  # the parse stage's document parsers (pypdfium2, trafilatura, ...)
 USER = "user"  # a user-defined stage's own code
 ONNX_FP32 = "onnx-fp32"  # the same fp32 weights as an ONNX graph on ONNX Runtime
 ONNX_INT8 = "onnx-int8"  # the int8 copy on ONNX Runtime
@@ -117,6 +143,9 @@ def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
     fields = [
         pa.field(DOC_ID, pa.string(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
+        pa.field(SOURCE_FORMAT, pa.string(), nullable=False),
+        pa.field(N_PAGES, pa.int32()),
+        pa.field(TITLE, pa.string()),
         pa.field("n_sentences", pa.int32(), nullable=False),
         pa.field("n_truncated", pa.int32(), nullable=False),
     ]
@@ -144,6 +173,7 @@ def sentences_schema(
         pa.field(SENT_INDEX, pa.int32(), nullable=False),
         pa.field(START_CHAR, pa.int64(), nullable=False),
         pa.field(END_CHAR, pa.int64(), nullable=False),
+        pa.field(PAGE, pa.int32()),
         pa.field(TEXT, pa.string(), nullable=False),
         pa.field(LABEL, pa.string(), nullable=False),
         pa.field(SCORE, pa.float32(), nullable=False),

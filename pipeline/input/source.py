@@ -30,6 +30,12 @@ import pyarrow.parquet as pq
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.errors import InputError
+from docintel.pipeline.input.documents import (
+    DOCUMENT_SUFFIXES,
+    DocumentUnit,
+    is_document,
+    read_documents,
+)
 from docintel.pipeline.input.idcheck import find_duplicates, rows_per_read
 from docintel.pipeline.schema import DOC_ID, TEXT, error_table
 from docintel.pipeline.storage import check_bucket, display_uri, is_local, resolve_uri, s3_error
@@ -44,6 +50,8 @@ class InputFile:
     path: str  # path inside ``fs``
     size: int
     key: str  # short stable id used in batch ids
+    rel: str = ""  # path relative to the input root ("/" separators): a document file's id
+    document: bool = False  # a document file for the parse stage, not Parquet
 
 
 # A work unit of merged small row groups closes at this many uncompressed bytes even if it
@@ -118,7 +126,8 @@ def _list_input(fs: pafs.FileSystem, root: str, uri: str, pattern: str | None) -
         raise InputError(f"input {uri!r} does not exist")
     if info.type == pafs.FileType.File and pattern is None:
         shown = uri if is_local(fs) else display_uri(fs, root)
-        return [InputFile(shown, root, info.size, _file_key(PurePosixPath(root).name))]
+        name = PurePosixPath(root).name
+        return [InputFile(shown, root, info.size, _file_key(name), name, is_document(name))]
     entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     files, others = [], []
     listed = sorted((*_entry_path(e), e.size) for e in entries if e.type == pafs.FileType.File)
@@ -126,7 +135,8 @@ def _list_input(fs: pafs.FileSystem, root: str, uri: str, pattern: str | None) -
         rel = path[len(root) :].lstrip("/")
         if any(part.startswith((".", "_")) for part in rel.split("/")):
             continue  # hidden and _metadata-style files, as pyarrow.dataset skips them
-        taken = _glob_regex(pattern).fullmatch(rel) if pattern else rel.endswith(_PARQUET)
+        doc = is_document(rel)
+        taken = _glob_regex(pattern).fullmatch(rel) if pattern else rel.endswith(_PARQUET) or doc
         if not taken:
             others.append(rel)
         elif not decoded:
@@ -135,10 +145,27 @@ def _list_input(fs: pafs.FileSystem, root: str, uri: str, pattern: str | None) -
                 f"which cannot be opened: rename it to UTF-8. {_INGEST_HINT}"
             )
         else:
-            files.append(InputFile(display_uri(fs, path), path, size, _file_key(rel)))
+            files.append(InputFile(display_uri(fs, path), path, size, _file_key(rel), rel, doc))
     if not files:
         raise _nothing_to_read(uri, pattern, others)
-    return files
+    return _one_kind(uri, files)
+
+
+def _one_kind(uri: str, files: list[InputFile]) -> list[InputFile]:
+    """``files`` when they are all Parquet or all document files; a mix is refused."""
+    docs = [f.rel for f in files if f.document]
+    if not docs or len(docs) == len(files):
+        return files
+    tables = [f.rel for f in files if not f.document]
+    raise InputError(
+        f"input {uri!r} mixes Parquet files ({_some(tables)}) and document files "
+        f"({_some(docs)}); a run reads one kind: give the folders, or a glob, separately"
+    )
+
+
+def _some(names: list[str]) -> str:
+    more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
 
 
 _PARQUET = (".parquet", ".parq", ".pq")
@@ -156,10 +183,11 @@ def _entry_path(e: pafs.FileInfo) -> tuple[str, bool]:
 
 
 def _nothing_to_read(uri: str, pattern: str | None, others: list[str]) -> InputError:
-    what = f"files matching {pattern!r}" if pattern else "Parquet files (*.parquet)"
+    kinds = ", ".join(sorted(DOCUMENT_SUFFIXES))
+    what = f"files matching {pattern!r}" if pattern else f"Parquet files or documents ({kinds})"
     if not others:
         return InputError(f"input {uri!r} holds no {what}")
-    shown = ", ".join(others[:3]) + (f" and {len(others) - 3:,} more" if len(others) > 3 else "")
+    shown = _some(others)
     return InputError(f"input {uri!r} holds no {what}, only other files ({shown}). {_INGEST_HINT}")
 
 
@@ -508,9 +536,15 @@ def _read_slice(fs: pafs.FileSystem, unit: WorkUnit, cols: list[str]) -> pa.Tabl
 
 
 def read_unit(
-    fs: pafs.FileSystem, unit: WorkUnit, id_column: str, text_column: str, batch_size: int
+    fs: pafs.FileSystem,
+    unit: WorkUnit | DocumentUnit,
+    id_column: str,
+    text_column: str,
+    batch_size: int,
 ) -> list[Batch]:
     """Read one work unit and cut it into its batches (runs as a Ray task)."""
+    if isinstance(unit, DocumentUnit):
+        return read_documents(fs, unit)
     pf = _open(fs, unit.file)
     table, corrupt = _read_groups(fs, pf, unit, id_column, text_column)
     batches = []

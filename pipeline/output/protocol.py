@@ -532,7 +532,7 @@ class RunOutput:
         self.sink.written(stats)  # a sink that commits in groups may commit here
 
     def _count(self, stats: BatchStats) -> None:
-        for key in ("documents", "sentences", "errors", "tokens"):
+        for key in ("documents", "sentences", "errors", "tokens", "found"):
             self.totals[key] += getattr(stats, key)
         for stage, backend in stats.backends.items():
             self.served.setdefault(stage, Counter())[backend] += 1
@@ -548,10 +548,11 @@ class RunOutput:
         """Check the counts against the plan, then have the sink write the manifest last."""
         self.lease.check()
         counts = self.totals
-        if counts["documents"] != self.plan.n_documents:
+        if counts["documents"] - counts["found"] != self.plan.n_documents:
             raise RunFailed(
-                f"{self.uri}/documents has {counts['documents']} rows but the input has "
-                f"{self.plan.n_documents} documents; the run is not committed"
+                f"{self.uri}/documents has {counts['documents']} rows ({counts['found']} found "
+                f"inside input files) but the input has {self.plan.n_documents} documents; "
+                "the run is not committed"
             )
         self.errors.check_final(counts["errors"], counts["documents"])
         summary.documents = counts["documents"]

@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import StorageConfig
 from docintel.pipeline.entities.stage import document_entity_ids
+from docintel.pipeline.output.documents import document_columns, found_documents, page_column
 from docintel.pipeline.schema import (
     CONTRACT_SENTENCE_COLUMNS,
     DOC_ID,
@@ -56,6 +57,7 @@ from docintel.pipeline.schema import (
     ENTITIES,
     ENTITY_IDS,
     N_TOKENS,
+    PAGE,
     PROBS,
     TRUNCATED,
     backend_column,
@@ -173,6 +175,7 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
     cols: dict[str, Any] = {
         DOC_ID: batch.doc_ids,
         "status": pc.if_else(failed, "error", "ok"),
+        **document_columns(batch),
         "n_sentences": n_sent,
         "n_truncated": n_trunc,
     }
@@ -198,6 +201,8 @@ def sentences_table(batch: Batch, embeddings: bool) -> pa.Table:
     columns the contract does not name were added by user-defined stages and are kept with
     their own types, in table order, so a new stage needs no change here."""
     t = batch.table.drop_columns([PROBS])
+    if PAGE not in t.column_names:
+        t = t.append_column(PAGE, page_column(batch, t))
     if not embeddings and EMBEDDING in t.column_names:
         t = t.drop_columns([EMBEDDING])
     stages = list(batch.backends)
@@ -222,6 +227,8 @@ class BatchStats:
     sentences: int
     errors: int
     tokens: int = 0
+    # documents found inside the input's files (e-mail attachments): rows beyond the input
+    found: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     backends: dict[str, str] = field(default_factory=dict)
 
@@ -231,6 +238,7 @@ def batch_stats(batch: Batch, docs: pa.Table, sents: pa.Table) -> BatchStats:
     return BatchStats(
         batch_id=batch.batch_id,
         documents=docs.num_rows,
+        found=found_documents(batch),
         sentences=sents.num_rows,
         errors=pc.count_distinct(batch.errors[DOC_ID]).as_py(),
         tokens=int(pc.sum(sents[N_TOKENS]).as_py() or 0),

@@ -151,6 +151,13 @@ def split(batch: Batch, cap: int) -> list[Batch]:
                 seconds={s: v * share for s, v in batch.seconds.items()},
                 backends=dict(batch.backends),
                 versions=dict(batch.versions),
+                documents=_documents_of(batch, value_set),
             )
         )
     return pieces
+
+
+def _documents_of(batch: Batch, ids: pa.Array) -> pa.Table | None:
+    """The document columns of the documents ``ids`` (document input), else None."""
+    docs = batch.documents
+    return None if docs is None else docs.filter(pc.is_in(docs.column(DOC_ID), value_set=ids))

@@ -17,6 +17,13 @@ from docintel.pipeline.artefacts.derived import Layout, ensure_derived  # also i
 from docintel.pipeline.artefacts.derived import check_int8 as _check_int8
 from docintel.pipeline.artefacts.derived import run_layouts as _layouts
 from docintel.pipeline.config import AUTO, Config
+from docintel.pipeline.errors import InputError
+from docintel.pipeline.input.documents import (
+    DOCUMENT_BATCH_SIZE,
+    DocumentUnit,
+    check_document_ids,
+    plan_documents,
+)
 from docintel.pipeline.input.source import (
     InputFile,
     WorkUnit,
@@ -42,7 +49,7 @@ class Plan:
     input_uri: str
     source_fs: pafs.FileSystem
     files: list[InputFile]
-    units: list[WorkUnit]
+    units: list[WorkUnit | DocumentUnit]
     n_documents: int
     labels: list[str]
     versions: dict[str, str]
@@ -115,10 +122,29 @@ def _batches(
     return units, cfg.with_overrides({"run.batch_size": size})
 
 
+def _documents(
+    cfg: Config, files: list[InputFile]
+) -> tuple[list[InputFile], list[dict[str, str]], list[DocumentUnit], Config, int]:
+    """Document input: the files cut into batches of files (``[run] batch_size``; "auto":
+    DOCUMENT_BATCH_SIZE), ids (relative paths) checked; nothing is read on the driver."""
+    size = cfg.run.batch_size if isinstance(cfg.run.batch_size, int) else DOCUMENT_BATCH_SIZE
+    cfg = cfg.with_overrides({"run.batch_size": size})
+    ids = {f.path: f.rel for f in files}
+    units = plan_documents(files, ids, size, cfg.parse.max_bytes)
+    return files, [], units, cfg, check_document_ids(units, cfg.input.max_id_bytes)
+
+
 def prepare(cfg: Config, input_uri: str) -> Plan:
     """Driver-side checks: inputs, columns, ids, models, stage chain (no Ray, no torch/TF).
     The cluster's shape (GPUs detected once) and the stage layout are computed here and
     carried in the plan."""
+    fs, files = resolve_input(input_uri, cfg.storage)  # a listing: which kind of input
+    kind = "documents" if files and files[0].document else "parquet"
+    if cfg.input.kind not in ("auto", kind):
+        raise InputError(
+            f"[input] kind is {cfg.input.kind!r} but INPUT {input_uri!r} holds {kind} files"
+        )
+    cfg = cfg.with_overrides({"input.kind": kind})  # the chain has the parse stage or not
     specs = registry.check_config(cfg)  # the chain, from the classes' declarations
     gpus = _gpus(cfg)
     check_declared_gpus(cfg, gpus)
@@ -129,11 +155,13 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     ensure_derived(cfg, layouts=layouts, chain=specs)
     _check_int8(specs, layouts)
     warnings: list[str] = []
-    fs, files = resolve_input(input_uri, cfg.storage)
-    files, skipped = split_readable(fs, files)
-    units, cfg = _batches(cfg, fs, files, layouts)
-    total = sum(u.n_rows for u in units)  # from the footers plan() read: no second read
-    n_docs = check_ids(fs, files, cfg.input.id_column, cfg.input.max_id_bytes, total)
+    if kind == "documents":
+        files, skipped, units, cfg, n_docs = _documents(cfg, files)
+    else:
+        files, skipped = split_readable(fs, files)
+        units, cfg = _batches(cfg, fs, files, layouts)
+        total = sum(u.n_rows for u in units)  # from the footers plan() read: no second read
+        n_docs = check_ids(fs, files, cfg.input.id_column, cfg.input.max_id_bytes, total)
     warnings += [f"skipped unreadable input file: {s['reason']}" for s in skipped]
     return Plan(
         cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped,

@@ -89,14 +89,37 @@ def join(parts: tuple[Batch | Split, ...]) -> Batch | Split:
     for b in batches:
         for stage, s in b.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + s
+    doc_ids, documents = _documents(batches)
     return replace(
         first,
+        doc_ids=doc_ids,
+        documents=documents,
         table=pa.concat_tables([b.table for b in batches]),
         errors=pa.concat_tables([b.errors for b in batches]),
         seconds=seconds,
         backends={k: v for b in reversed(batches) for k, v in b.backends.items()},
         versions={k: v for b in reversed(batches) for k, v in b.versions.items()},
     )
+
+
+def _documents(batches: list[Batch]) -> tuple[pa.Array, pa.Table | None]:
+    """The batch's doc_ids and document columns from its slices. A slice of the stage that
+    makes documents (parse) replaced the columns of the documents it parsed (those of its
+    rows) and added the ones it found inside them (e-mail attachments); the others' are
+    the read task's in every slice."""
+    first = batches[0]
+    if first.documents is None or len(batches) == 1:
+        return first.doc_ids, first.documents
+    ids = list(dict.fromkeys(d for b in batches for d in b.doc_ids.to_pylist()))
+    rows: dict[str, dict] = {}
+    for b in batches:
+        assert b.documents is not None
+        own = set(b.table.column(DOC_ID).to_pylist())
+        for row in b.documents.to_pylist():
+            if row[DOC_ID] in own or row[DOC_ID] not in rows:
+                rows[row[DOC_ID]] = row
+    table = pa.Table.from_pylist([rows[d] for d in ids if d in rows], first.documents.schema)
+    return pa.array(ids, pa.string()), table
 
 
 @dataclass

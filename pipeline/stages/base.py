@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.errors import ChainError, DocumentsRejected
-from docintel.pipeline.schema import DOC_ID, error_table
+from docintel.pipeline.schema import DOC_ID, DOCUMENT_META_SCHEMA, FOUND, error_table
 
 MAX_MESSAGE_CHARS = 2_000  # error messages are for people; a traceback-sized cap is plenty
 
@@ -79,6 +79,10 @@ class Stage(ABC):
     output_columns: ClassVar[tuple[str, ...]]
     # Columns of the input that the output carries along unchanged.
     keeps_input: ClassVar[bool] = True
+    # Document-level columns of this stage's rows (schema.DOCUMENT_COLUMNS, the parse
+    # stage): run_stage moves them out of the rows into Batch.documents, and documents
+    # this stage finds inside others (e-mail attachments) join the batch's doc_ids.
+    document_columns: ClassVar[tuple[str, ...]] = ()
 
     backend: str = "unset"
     version: str = "unset"
@@ -164,12 +168,44 @@ def run_stage(stage: Stage, batch: Batch) -> Batch:
     errors = batch.errors
     if errs:
         errors = pa.concat_tables([errors, error_table(errs)])
+    doc_ids, documents = batch.doc_ids, batch.documents
+    if stage.document_columns:
+        table, doc_ids, documents = _documents_out(stage, table, errs, batch)
     return Batch(
         batch_id=batch.batch_id,
-        doc_ids=batch.doc_ids,
+        doc_ids=doc_ids,
         table=table,
         errors=errors,
         seconds={**batch.seconds, stage.name: time.perf_counter() - t0},
         backends={**batch.backends, stage.name: stage.backend},
         versions={**batch.versions, stage.name: stage.version},
+        documents=documents,
     )
+
+
+def _documents_out(
+    stage: Stage, table: pa.Table, errs: list[dict], batch: Batch
+) -> tuple[pa.Table, pa.Array, pa.Table | None]:
+    """A document-making stage's rows without their document columns; the batch's
+    doc_ids with the documents it found inside others (rows or error rows) appended in
+    order; its documents table with the stage's values replacing the read task's."""
+    known = set(batch.doc_ids.to_pylist())
+    found = [*table[DOC_ID].to_pylist(), *(e[DOC_ID] for e in errs)]
+    new = list(dict.fromkeys(d for d in found if d not in known))
+    meta = table.select([DOC_ID, *stage.document_columns])
+    failed = [d for d in new if d not in set(meta[DOC_ID].to_pylist())]
+    meta = pa.concat_tables([meta, pa.table({DOC_ID: pa.array(failed, pa.string())})],
+                            promote_options="permissive")  # fmt: skip
+    flags = pc.is_in(meta[DOC_ID], value_set=pa.array(new, pa.string()))
+    meta = meta.append_column(FOUND, flags).cast(DOCUMENT_META_SCHEMA)
+    table = table.drop_columns(list(stage.document_columns))
+    doc_ids = batch.doc_ids
+    if new:
+        if isinstance(doc_ids, pa.ChunkedArray):
+            doc_ids = doc_ids.combine_chunks()
+        doc_ids = pa.concat_arrays([doc_ids, pa.array(new, pa.string())])
+    old = batch.documents
+    if old is not None:
+        kept = old.filter(pc.invert(pc.is_in(old[DOC_ID], value_set=meta[DOC_ID])))
+        meta = pa.concat_tables([kept, meta])
+    return table, doc_ids, meta

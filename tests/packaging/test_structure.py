@@ -456,9 +456,13 @@ def _modules_with_strings(match: Callable[[str], bool]) -> dict[str, list[str]]:
     return found
 
 
-# One home per stage: the registry, and each built-in stage's own module (classify's cache
-# subfolder name in artefacts.py is an on-disk name, the one other place allowed).
-MAX_STAGE_NAME_MODULES = 5
+# One home per stage: each built-in stage's own module, plus three others: the registry,
+# classify's cache subfolder name in artefacts/paths.py (an on-disk name), and the schema,
+# where the entities stage's output column is called ``entities`` too.
+def max_stage_name_modules() -> int:
+    from docintel.pipeline.registry import BUILTIN_NAMES
+
+    return len(BUILTIN_NAMES) + 3
 
 
 def test_stage_names_are_spelled_in_few_modules() -> None:
@@ -466,9 +470,10 @@ def test_stage_names_are_spelled_in_few_modules() -> None:
 
     found = _modules_with_strings(lambda s: s in BUILTIN_NAMES)
     listing = "\n".join(f"{m}: {', '.join(w)}" for m, w in sorted(found.items()))
-    assert len(found) <= MAX_STAGE_NAME_MODULES, (
+    most = max_stage_name_modules()
+    assert len(found) <= most, (
         f"stage names {BUILTIN_NAMES} are spelled as string literals in {len(found)} modules "
-        f"(at most {MAX_STAGE_NAME_MODULES}: the registry and the stages' own):\n{listing}"
+        f"(at most {most}: the stages' own, the registry, paths, schema):\n{listing}"
     )
 
 

@@ -45,7 +45,7 @@ def tree(tmp_path: Path) -> Path:
     _write(root / "_metadata.parquet", _docs(1, "m"))
     _write(root / ".cache" / "e.parquet", _docs(1, "e"))
     _write(root / "_tmp" / "f.parquet", _docs(1, "f"))
-    (root / "README.txt").write_text("not parquet")
+    (root / "README.rst").write_text("not parquet, and no document type docintel reads")
     (root / "sub" / "notes.csv").write_text("doc_id,text\n1,x\n")
     return root
 
@@ -111,11 +111,11 @@ def test_missing_input_raises_input_error(tmp_path, suffix):
 
 
 def test_folder_without_parquet_raises_input_error(tmp_path):
-    (tmp_path / "x.txt").write_text("hello")
-    with pytest.raises(InputError, match="no Parquet files"):
+    (tmp_path / "x.csv").write_text("hello")
+    with pytest.raises(InputError, match="no Parquet files or documents"):
         resolve_input(str(tmp_path), STORAGE)
-    with pytest.raises(InputError, match=re.escape("'*.csv'")):
-        resolve_input(str(tmp_path / "*.csv"), STORAGE)
+    with pytest.raises(InputError, match=re.escape("'*.json'")):
+        resolve_input(str(tmp_path / "*.json"), STORAGE)
 
 
 def test_plan_missing_text_column_names_file_column_and_existing_columns(tmp_path):
@@ -453,3 +453,25 @@ def test_batches_sized_by_text_bytes(tmp_path):
     assert small == 128  # never below the CPU batch size
     _, big = plan_sized(fs, files, "doc_id", "text", 128, target_bytes=1 << 40)
     assert big == MAX_BATCH_DOCS
+
+
+def test_document_files_are_listed_with_their_relative_paths(tree: Path, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    for name in ("b.pdf", "a/memo.docx", "a/page.HTM", "mail.eml", "notes.md", "x.txt"):
+        (docs / name).parent.mkdir(parents=True, exist_ok=True)
+        (docs / name).write_bytes(b"x")
+    (docs / "image.png").write_bytes(b"x")  # not a document type: left out
+    _, files = resolve_input(str(docs), STORAGE)
+    assert [f.rel for f in files] == ["a/memo.docx", "a/page.HTM", "b.pdf", "mail.eml",
+                                      "notes.md", "x.txt"]  # fmt: skip
+    assert all(f.document for f in files)
+    _, one = resolve_input(str(docs / "b.pdf"), STORAGE)
+    assert one[0].rel == "b.pdf" and one[0].document
+    _, globbed = resolve_input(str(docs / "**" / "*.docx"), STORAGE)
+    assert [f.rel for f in globbed] == ["a/memo.docx"]
+
+
+def test_a_mix_of_parquet_and_documents_is_refused_naming_both(tree: Path) -> None:
+    (tree / "sub" / "memo.txt").write_text("a memo")
+    with pytest.raises(InputError, match=r"mixes Parquet files \(a\.parquet.*memo\.txt"):
+        resolve_input(str(tree), STORAGE)

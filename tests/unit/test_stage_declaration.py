@@ -72,8 +72,9 @@ def _optional_redact(monkeypatch: pytest.MonkeyPatch) -> None:
         wanted=lambda cfg: cfg.faults.poison_stage == "redact",
         wanted_by="[faults] poison_stage = 'redact'",
     )
-    sentencize, *rest = registry.BUILTIN
-    monkeypatch.setattr(registry, "BUILTIN", (sentencize, redact, *rest))
+    at = registry.BUILTIN.index(registry.SENTENCIZE) + 1
+    stages = (*registry.BUILTIN[:at], redact, *registry.BUILTIN[at:])
+    monkeypatch.setattr(registry, "BUILTIN", stages)
 
 
 def test_an_optional_stage_joins_the_chain_only_when_its_setting_asks(
