@@ -17,9 +17,10 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -275,7 +276,41 @@ def stage_layout(
         if not chosen:
             raise _no_pool(s, spill, shape)
         layout[s] = chosen
-    return layout
+    return _fit_light(cfg, layout, shape, specs)
+
+
+# A light stage's CPU replica holds no less than this when pools are squeezed onto a
+# small machine (Ray's CPUs are a scheduling share; a rule-based stage uses little).
+MIN_LIGHT_CPUS = 0.05
+
+
+def _fit_light(
+    cfg: Config, layout: dict[str, list[Pool]], shape: ClusterShape, specs: registry.Chain
+) -> dict[str, list[Pool]]:
+    """The layout with the light stages' CPU replicas holding less than their default
+    share when every pool at its defaults would not fit the cluster's CPUs (a 2-core
+    machine running five stages: parse or redaction or watch lists beside the three).
+    Only stages whose ``cpus`` is the declared default shrink, all by one factor, never
+    under MIN_LIGHT_CPUS; if that is not enough the layout stays as it was (refused with
+    its sizes when the run starts)."""
+    held = sum(p.cpus * p.replicas for ps in layout.values() for p in ps)
+    over = held + cfg.resources.io_cpus - shape.cpus
+    light = [
+        p for s in specs if not s.pool.heavy for p in layout[s.name]
+        if p.kind == CPU_POOL and p.cpus == s.pool.cpus
+    ]  # fmt: skip
+    light_cpus = sum(p.cpus * p.replicas for p in light)
+    if over <= 1e-9 or not light_cpus:
+        return layout
+    factor = (light_cpus - over) / light_cpus
+    if any(p.cpus * factor < MIN_LIGHT_CPUS for p in light):
+        return layout
+    shrink = {id(p) for p in light}
+    return {
+        s: [replace(p, cpus=math.floor(p.cpus * factor * 1000) / 1000) if id(p) in shrink
+            else p for p in ps]
+        for s, ps in layout.items()
+    }  # fmt: skip
 
 
 def _no_pool(stage: str, spill: str, shape: ClusterShape) -> ConfigError:
