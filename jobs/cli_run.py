@@ -327,13 +327,17 @@ def _resume_hint(seen: dict[str, Any], run: str, lead: str) -> None:
 FolderArg = Annotated[
     Path,
     typer.Argument(
-        help="Folder of .txt / .md files (searched recursively).", exists=True, file_okay=False
+        help="Folder of documents (searched recursively).", exists=True, file_okay=False
     ),
 ]
 ParquetOutArg = Annotated[Path, typer.Argument(help="Parquet file to write.", dir_okay=False)]
 PatternOpt = Annotated[
     list[str] | None,
-    typer.Option("--pattern", help="Glob(s) of files to take (default: *.txt and *.md)."),
+    typer.Option(
+        "--pattern",
+        help="Glob(s) of files to take (default: every type docintel reads: *.pdf *.html "
+        "*.htm *.docx *.eml *.txt *.md; other files are then listed as skipped).",
+    ),
 ]
 MaxFileOpt = Annotated[
     int,
@@ -360,9 +364,15 @@ def ingest(
     encoding: EncodingOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
-    """Turn a folder of text files into a documents Parquet file (doc_id, text, encoding).
+    """Turn a folder of documents into a documents Parquet file (doc_id, text, title,
+    source_format, page_starts, encoding).
 
-    doc_id is the file's path relative to FOLDER; text is its content, decoded as UTF-8
+    PDF, HTML, DOCX and e-mail files are read by the same parsers as `docintel run` on a
+    folder (each in a parser process with a time limit; e-mail attachments become rows
+    <path>/<name>; a file a parser refuses is skipped and listed with the reason).
+    `docintel run FOLDER OUT` reads such a folder directly: ingest is for a Parquet step.
+
+    Text files: doc_id is the file's path relative to FOLDER; text is its content, decoded as UTF-8
     when it is valid UTF-8 (or as its byte-order mark says), else with the encoding
     charset-normalizer detects (Western European text that reads as cp1252 is cp1252),
     or --encoding. The encoding column records it, and the decoding column how it was
@@ -385,7 +395,7 @@ def ingest(
 
       docintel run reports.parquet out/
     """
-    from docintel.pipeline.input.ingest import ingest_folder
+    from docintel.pipeline.input.ingest import DEFAULT_PATTERNS, ingest_folder
 
     bar = _files_bar(progress)
     task = bar.add_task("ingest", total=None)
@@ -394,7 +404,7 @@ def ingest(
             result = ingest_folder(
                 folder,
                 output,
-                pattern or ["*.txt", "*.md"],
+                pattern or list(DEFAULT_PATTERNS),
                 max_file_bytes=max_file_mib * 1024 * 1024,
                 on_file=lambda done, total: bar.update(task, completed=done, total=total),
                 encoding=encoding,

@@ -34,12 +34,14 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from docintel.pipeline.errors import InputError, OutputError, RunFailed
-from docintel.pipeline.schema import DOC_ID, TEXT
+from docintel.pipeline.input.documents import DOCUMENT_SUFFIXES
+from docintel.pipeline.schema import DOC_ID, PAGE_STARTS, SOURCE_FORMAT, TEXT, TITLE
 
 # Row groups are the unit a run reads (docintel.pipeline.input.source): a few thousand documents
 # make useful work units and keep several per big corpus. The byte bound caps the buffered
@@ -66,14 +68,22 @@ EXACT = "exact"  # valid UTF-8, or the encoding its byte-order mark declares
 GIVEN = "given"  # the encoding given (--encoding), every byte mapped
 GUESSED = "guessed"  # detected (charset-normalizer, or the cp1252 rule), every byte mapped
 LOSSY = "lossy"  # bytes its encoding does not map became U+FFFD
+PARSED = "parsed"  # the ``decoding`` of a document read by its parser (no text encoding)
 SCHEMA = pa.schema(
     [
         (DOC_ID, pa.string()),
         (TEXT, pa.string()),
         (ENCODING, pa.string()),
         (DECODING, pa.string()),
+        (SOURCE_FORMAT, pa.string()),
+        (TITLE, pa.string()),
+        (PAGE_STARTS, pa.list_(pa.int64())),  # PDF: each page's first character in text
     ]
 )
+# The files ingest takes when no --pattern is given: every type `docintel run` reads. With
+# these, every other file is listed as skipped (with --pattern, only what matches counts).
+DEFAULT_PATTERNS = tuple(f"*{suffix}" for suffix in DOCUMENT_SUFFIXES)
+NOT_A_DOCUMENT = f"not a document type docintel reads ({', '.join(DOCUMENT_SUFFIXES)})"
 UTF8 = "utf-8"
 _BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
     (codecs.BOM_UTF32_LE, "utf-32-le"),
@@ -244,6 +254,8 @@ def _walk(root: str, patterns: list[str], skipped: list[Skipped]) -> list[_Candi
                     skipped.append(
                         Skipped(_rel_id(parts), "not a regular file (FIFO, socket or device)")
                     )
+            elif patterns == list(DEFAULT_PATTERNS) and not entry.name.startswith("."):
+                skipped.append(Skipped(_rel_id(parts), NOT_A_DOCUMENT))
         stack.extend(reversed(subdirs))  # depth first, in name order
     return found
 
@@ -463,31 +475,26 @@ class _RowGroups:
         self.writer, self.docs, self.nbytes = writer, max(1, docs), nbytes
         self.ids: list[str] = []
         self.texts: list[str] = []
-        self.encodings: list[str] = []
-        self.decodings: list[str] = []
+        self.rows: list[dict[str, object]] = []
         self.size = 0
 
-    def add(self, doc_id: str, decoded: _Decoded, size: int) -> None:
-        self.ids.append(doc_id)
-        self.texts.append(decoded.text)
-        self.encodings.append(decoded.encoding)
-        self.decodings.append(decoded.how)
+    def add(self, doc_id: str, decoded: _Decoded, size: int, fmt: str) -> None:
+        row = {DOC_ID: doc_id, TEXT: decoded.text, ENCODING: decoded.encoding,
+               DECODING: decoded.how, SOURCE_FORMAT: fmt}  # fmt: skip
+        self.add_row(row, size)
+
+    def add_row(self, row: dict[str, object], size: int) -> None:
+        self.rows.append(row)
         self.size += size
-        if len(self.ids) >= self.docs or self.size >= self.nbytes:
+        if len(self.rows) >= self.docs or self.size >= self.nbytes:
             self.flush()
 
     def flush(self) -> None:
-        if not self.ids:
+        if not self.rows:
             return
-        columns = {
-            DOC_ID: self.ids,
-            TEXT: self.texts,
-            ENCODING: self.encodings,
-            DECODING: self.decodings,
-        }
-        table = pa.table(columns, schema=SCHEMA)
+        table = pa.Table.from_pylist(self.rows, schema=SCHEMA)
         self.writer.write_table(table, row_group_size=table.num_rows)
-        self.ids, self.texts, self.encodings, self.decodings = [], [], [], []
+        self.rows = []
         self.size = 0
 
 
@@ -616,6 +623,8 @@ def ingest_folder(
             _write(fd, todo, result, skipped, on_file, reading, row_group_docs, row_group_bytes)
         except OSError as e:  # reading errors are skipped files: this is the output side
             raise _write_failed(tmp, output, e) from e
+        finally:
+            reading.close()
         result.skipped = sorted(skipped, key=lambda s: s.doc_id)
         if result.documents == 0:
             raise _nothing_ingested(folder, patterns, result.skipped)
@@ -650,10 +659,52 @@ def _write(
         os.fsync(f.fileno())  # the data is on disk before the rename makes it OUTPUT
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Reading:
     max_bytes: int  # larger files are skipped
     encoding: str | None  # every file's encoding; None: UTF-8, else detected
+    parser: Any = None  # the parse stage's parser process, started on the first document
+
+    def parse(self, doc_id: str, raw: bytes) -> tuple[str, Any]:
+        from docintel.pipeline.stages.parse import ParseConfig, _Child
+
+        if self.parser is None:
+            self.parser = _Child(ParseConfig(max_bytes=self.max_bytes).limits())
+        return self.parser.parse(doc_id, raw, ParseConfig().time_limit_s)
+
+    def close(self) -> None:
+        if self.parser is not None:
+            self.parser.stop()
+
+
+# Formats read by their parser (PDF, HTML, DOCX, e-mail), not decoded as text.
+PARSED_FORMATS = ("pdf", "html", "docx", "eml")
+
+
+def _parse_one(
+    doc_id: str,
+    raw: bytes,
+    reading: _Reading,
+    rows: _RowGroups,
+    result: IngestResult,
+    skipped: list[Skipped],
+) -> None:
+    """A PDF, HTML, DOCX or e-mail file through the parse stage's parsers (in their own
+    process, under the same time limit): its rows (e-mail attachments as
+    ``<path>/<name>``), or why it was skipped."""
+    status, value = reading.parse(doc_id, raw)
+    if status == "error":
+        skipped.append(Skipped(doc_id, f"{value[0]}: {value[1]}"))
+        return
+    for d in value:
+        one = f"{doc_id}/{d['suffix']}" if d["suffix"] else doc_id
+        if d["error"] is not None:
+            skipped.append(Skipped(one, f"{d['error'][0]}: {d['error'][1]}"))
+            continue
+        row = {DOC_ID: one, TEXT: d["text"], DECODING: PARSED, SOURCE_FORMAT: d["format"],
+               TITLE: d["title"], PAGE_STARTS: d["page_starts"]}  # fmt: skip
+        rows.add_row(row, len(d["text"]))
+        result.documents += 1
 
 
 def _ingest_one(
@@ -665,11 +716,15 @@ def _ingest_one(
     skipped: list[Skipped],
 ) -> None:
     raw = _read(real, reading.max_bytes)
+    fmt = DOCUMENT_SUFFIXES.get(PurePosixPath(doc_id).suffix.lower(), "txt")
+    if fmt in PARSED_FORMATS and isinstance(raw, bytes):
+        _parse_one(doc_id, raw, reading, rows, result, skipped)
+        return
     decoded = _decode(raw, reading.encoding) if isinstance(raw, bytes) else raw
     if isinstance(decoded, str):
         skipped.append(Skipped(doc_id, decoded))
         return
-    rows.add(doc_id, decoded, len(raw))
+    rows.add(doc_id, decoded, len(raw), fmt)
     result.documents += 1
     if decoded.encoding != UTF8:
         result.encodings[decoded.encoding] = result.encodings.get(decoded.encoding, 0) + 1
