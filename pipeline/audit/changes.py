@@ -8,6 +8,11 @@ tables; tables.py). Only the changed documents' sentences are read (a filtered s
 that night's sentences and of tonight's), so memory grows
 with the number of changed documents, never with the corpus; the sentence diff is computed
 for the first :data:`DETAIL_MAX` changed documents (by id), their ids are all listed.
+
+For a run screened against watch lists, the report adds ``entities`` to these changes: the
+listed names in tonight's new risk sentences (those of new documents and the ``added``
+sentences of changed ones), counted in the same pass as the rest of its figures
+(pipeline/report/entities.py), so no table is read again here.
 """
 
 from __future__ import annotations
