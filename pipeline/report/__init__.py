@@ -3,9 +3,11 @@
 ``write_report`` reads one committed docintel run (documents/, sentences/, errors/ and
 ``_manifest.json``) and writes, beside it, what an auditor reads the next morning: what
 changed tonight (the audit's ``changes``), the documents to review first (ranked by a risk
-score, review.py) with a drill-down per document, the highest-risk sentences, the trend of
-the corpus and of each night's documents, the label distribution, the errors, and, folded
-away, backends and throughput. review.csv and changes.csv hold the full lists.
+score, review.py) with a drill-down per document, for a run screened against watch lists
+the listed names in risk sentences (entities.py, entity_sections.py) with a drill-down per
+name, the highest-risk sentences, the trend of the corpus and of each night's documents,
+the label distribution, the errors, and, folded away, backends and throughput. review.csv,
+changes.csv (and entities.csv) hold the full lists.
 The JSON is the record that later audits' trend charts are built from; the HTML is
 one file that opens offline in any browser (inline CSS, charts as inline SVG, no scripts,
 no external URLs), because reports are mailed, archived and opened on locked-down machines.
