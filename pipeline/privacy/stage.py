@@ -30,18 +30,26 @@ exception's own text may quote the sentence. The raw text never goes on.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import importlib.metadata
+import itertools
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import Field, StrictBool, model_validator
 
 from docintel.pipeline.errors import ConfigError, DocumentsRejected
-from docintel.pipeline.schema import DOC_ID, TEXT, backend_label
+from docintel.pipeline.schema import (
+    DOC_ID,
+    END_CHAR,
+    SENT_INDEX,
+    START_CHAR,
+    TEXT,
+    backend_label,
+)
 from docintel.pipeline.settings import Settings
 from docintel.pipeline.stages.base import Stage
 from docintel.pipeline.stages.spec import (
@@ -144,16 +152,91 @@ def version(section: PrivacyConfig) -> str:
     return f"redact:{libs}:{_digest(setting)}"
 
 
+class Sentence(NamedTuple):
+    """One output row of a document: the input row it stands for (its first, when
+    sentences were merged), its redacted text, its span in the original document and its
+    placeholders' spans in the text."""
+
+    row: int
+    text: str
+    start_char: int
+    end_char: int
+    pii: list[dict[str, Any]]
+
+
+def _document_text(texts: list[str], starts: list[int], ends: list[int]) -> tuple[str, list[int]]:
+    """One document's sentences as one text (a space where the document had blanks between
+    them, nothing where they touched), and where each sentence starts in it."""
+    parts: list[str] = []
+    at: list[int] = []
+    pos = 0
+    for k, text in enumerate(texts):
+        if k and starts[k] > ends[k - 1]:
+            parts.append(" ")
+            pos += 1
+        at.append(pos)
+        parts.append(text)
+        pos += len(text)
+    return "".join(parts), at
+
+
+def _groups(at: list[int], lengths: list[int], values: list[tuple[int, int]]) -> list[int]:
+    """Per sentence, the first sentence of its group: a value that runs from one sentence
+    into the next (the sentencizer cut ``j.smith@bank.`` from ``com``) joins them."""
+    first = list(range(len(at)))
+    for s, e in values:
+        k0 = bisect.bisect_right(at, s) - 1
+        k1 = bisect.bisect_right(at, e - 1) - 1
+        if e - 1 >= at[k1] + lengths[k1] and k1 + 1 < len(at):  # it ends in the blank after
+            k1 += 1
+        for k in range(k0 + 1, k1 + 1):
+            first[k] = first[k0]
+    return first
+
+
+def redact_document(
+    redactor: Redactor, texts: list[str], starts: list[int], ends: list[int]
+) -> list[Sentence]:
+    """One document's sentences (in order) redacted as one text, so that a value the
+    sentencizer cut in two is still found. Sentences that a value runs across become one
+    (``start_char`` of the first, ``end_char`` of the last); every other sentence keeps its
+    span, and its text is its own text redacted."""
+    whole, at = _document_text(texts, starts, ends)
+    red = redactor.redact_mapped(whole)
+    if not red.spans:
+        return [Sentence(k, t, starts[k], ends[k], []) for k, t in enumerate(texts)]
+    pairs = red.offsets.pairs  # (red_start, red_end, orig_start, orig_end), in order
+    first = _groups(at, [len(t) for t in texts], [(p[2], p[3]) for p in pairs])
+    orig_ends = [p[3] for p in pairs]
+    shift = list(itertools.accumulate((p[1] - p[0]) - (p[3] - p[2]) for p in pairs))
+    span_starts = [sp["start"] for sp in red.spans]
+
+    def mapped(pos: int) -> int:  # a position between values: where it is in red.text
+        n = bisect.bisect_right(orig_ends, pos)
+        return pos + (shift[n - 1] if n else 0)
+
+    out = []
+    for k0 in sorted(set(first)):
+        k1 = max(k for k in range(k0, len(texts)) if first[k] == k0)
+        a, b = mapped(at[k0]), mapped(at[k1] + len(texts[k1]))
+        lo, hi = bisect.bisect_left(span_starts, a), bisect.bisect_left(span_starts, b)
+        pii = [{**sp, "start": sp["start"] - a, "end": sp["end"] - a} for sp in red.spans[lo:hi]]
+        out.append(Sentence(k0, red.text[a:b], starts[k0], ends[k1], pii))
+    return out
+
+
 class RedactionFailed(Exception):
     """A sentence's redaction raised; the message names the document, never its text."""
 
 
 class Redact(Stage):
-    """Sentence rows in, the same rows out with ``text`` redacted and ``pii`` added."""
+    """Sentence rows in, the same rows out with ``text`` redacted and ``pii`` added (and,
+    where a value ran across sentences, those sentences as one row: ``sent_index`` then
+    counts the document's rows again from 0)."""
 
     name: ClassVar[str] = NAME
-    input_columns: ClassVar[tuple[str, ...]] = (DOC_ID, TEXT)
-    output_columns: ClassVar[tuple[str, ...]] = (TEXT, PII)
+    input_columns: ClassVar[tuple[str, ...]] = (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR, TEXT)
+    output_columns: ClassVar[tuple[str, ...]] = (SENT_INDEX, START_CHAR, END_CHAR, TEXT, PII)
     keeps_input: ClassVar[bool] = True
 
     def __init__(self, cfg: PrivacyConfig) -> None:
@@ -167,26 +250,45 @@ class Redact(Stage):
 
     def __call__(self, table: pa.Table) -> pa.Table:
         assert self.redactor is not None, "setup() first"
-        redact = self.redactor.redact
-        texts: list[str] = []
-        spans: list[list[dict[str, Any]]] = []
+        cols = {c: table[c].to_pylist() for c in (DOC_ID, SENT_INDEX, START_CHAR, END_CHAR)}
+        texts = [t or "" for t in table[TEXT].to_pylist()]
+        rows: dict[str, list[int]] = {}
+        for i, doc in enumerate(cols[DOC_ID]):
+            rows.setdefault(doc, []).append(i)
+        kept: list[tuple[int, Sentence, int]] = []  # (input row, its output, sent_index)
         failed: dict[str, tuple[str, str]] = {}
-        ids = table[DOC_ID].to_pylist()
-        for doc, text in zip(ids, table[TEXT].to_pylist(), strict=True):
+        for doc, idx in rows.items():
+            idx.sort(key=cols[SENT_INDEX].__getitem__)
+            starts = [cols[START_CHAR][i] for i in idx]
+            ends = [cols[END_CHAR][i] for i in idx]
             try:
-                red, found = redact(text) if text else (text, [])
+                found = redact_document(self.redactor, [texts[i] for i in idx], starts, ends)
             except Exception as e:  # its message may quote the text: withheld
-                failed.setdefault(doc, ("RedactionFailed", _failure(doc, e)))
-                red, found = "", []
-            texts.append(red)
-            spans.append(found)
-        i = table.schema.get_field_index(TEXT)
-        out = table.set_column(i, table.schema.field(i), pa.array(texts, pa.string()))
-        out = out.append_column(pa.field(PII, PII_TYPE), pa.array(spans, PII_TYPE))
+                failed[doc] = ("RedactionFailed", _failure(doc, e))
+                continue
+            merged = len(found) < len(idx)
+            for n, s in enumerate(found):
+                kept.append((idx[s.row], s, n if merged else cols[SENT_INDEX][idx[s.row]]))
+        kept.sort(key=lambda k: k[0])
+        out = _rows(table, kept)
         if failed:  # the document's rows leave the batch: no raw sentence goes on
-            kept = pc.invert(pc.is_in(out[DOC_ID], pa.array(list(failed), pa.string())))
-            raise DocumentsRejected(failed, out.filter(kept))
+            raise DocumentsRejected(failed, out)
         return out
+
+
+def _rows(table: pa.Table, kept: list[tuple[int, Sentence, int]]) -> pa.Table:
+    """The input rows ``kept`` names, with their redacted text, span, index and ``pii``."""
+    out = table.take(pa.array([k[0] for k in kept], pa.int64()))
+    columns = {
+        SENT_INDEX: pa.array([k[2] for k in kept], table.schema.field(SENT_INDEX).type),
+        START_CHAR: pa.array([k[1].start_char for k in kept], table.schema.field(START_CHAR).type),
+        END_CHAR: pa.array([k[1].end_char for k in kept], table.schema.field(END_CHAR).type),
+        TEXT: pa.array([k[1].text for k in kept], pa.string()),
+    }
+    for name, column in columns.items():
+        i = out.schema.get_field_index(name)
+        out = out.set_column(i, out.schema.field(i), column)
+    return out.append_column(pa.field(PII, PII_TYPE), pa.array([k[1].pii for k in kept], PII_TYPE))
 
 
 def _failure(doc: str, e: Exception) -> str:

@@ -20,7 +20,7 @@ from docintel.pipeline.config import Config, load_config
 from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.exitcodes import exit_code
 from docintel.pipeline.output.protocol import recorded_config
-from docintel.pipeline.privacy import Redactor
+from docintel.pipeline.privacy import OffsetMap, Redaction, Redactor
 from docintel.pipeline.privacy.stage import (
     PII,
     PII_TYPE,
@@ -29,6 +29,7 @@ from docintel.pipeline.privacy.stage import (
     Redact,
     manifest_record,
     plan_setting,
+    redact_document,
 )
 from docintel.pipeline.stages.base import run_stage
 from docintel.pipeline.stages.sentencize import SentencizeConfig, Sentencizer, joined
@@ -190,6 +191,42 @@ def test_sentences_are_redacted_with_their_spans_and_original_offsets() -> None:
     assert "Revenue rose 4.5% to $12.3 million in 2024." in out["text"].to_pylist()
 
 
+def test_a_value_the_sentencizer_cut_in_two_is_found_and_its_sentences_become_one() -> None:
+    """spaCy ends a sentence inside ``J.Smith@Corp-Bank.COM`` (after ``Bank.``): the
+    document's sentences are redacted as one text, and the two halves' rows become one."""
+    doc = "Write to J.Smith@Corp-Bank.COM about it. Shares fell 3%. Call (212) 555-0147 now."
+    sentences = _sentences(doc)
+    assert sentences.num_rows == 4 and sentences["text"][1].as_py().startswith("COM")
+    out = _redact(sentences, load_config(None, {"privacy.redact": True}).privacy).to_pylist()
+    assert [r["text"] for r in out] == [
+        "Write to <EMAIL_ADDRESS> about it.", "Shares fell 3%.", "Call <PHONE_NUMBER> now.",
+    ]  # fmt: skip
+    assert [r["sent_index"] for r in out] == [0, 1, 2]  # counted again from 0
+    redactor = Redactor()
+    for r in out:
+        assert r["text"] == redactor.redact(doc[r["start_char"] : r["end_char"]])[0]
+        assert [r["text"][p["start"] : p["end"]] for p in r[PII]] == [
+            f"<{p['type']}>" for p in r[PII]
+        ]
+    # the sentences of other documents keep their index
+    on = load_config(None, {"privacy.redact": True}).privacy
+    other = _redact(_sentences("Shares fell 3%. Call (212) 555-0147 now.", "d2"), on)
+    assert other["sent_index"].to_pylist() == [0, 1]
+
+
+def test_redact_document_joins_sentences_by_what_lay_between_them() -> None:
+    """Sentences that touched are joined with nothing between them, others with a blank;
+    a value across a blank (a line break inside a number) joins them too."""
+    texts, starts, ends = ["Tel +44 20", "7946 0958 today.", "Fine."], [0, 12, 29], [10, 28, 34]
+    out = redact_document(Redactor(["PHONE_NUMBER"]), texts, starts, ends)
+    assert [(s.text, s.start_char, s.end_char, s.row) for s in out] == [
+        ("Tel <PHONE_NUMBER> today.", 0, 28, 0), ("Fine.", 29, 34, 2),
+    ]  # fmt: skip
+    assert out[0].pii == [{"type": "PHONE_NUMBER", "start": 4, "end": 18}]
+    clean = redact_document(Redactor(), ["A b.", "C d."], [0, 5], [4, 9])
+    assert [(s.text, s.row, s.pii) for s in clean] == [("A b.", 0, []), ("C d.", 1, [])]
+
+
 def test_only_the_chosen_types() -> None:
     out = _redact(_sentences(), load_config(None, {"privacy.redact": ["US_SSN"]}).privacy)
     text = " ".join(out["text"].to_pylist())
@@ -217,10 +254,10 @@ class _Failing:
     """A redactor that fails on one sentence with the sentence in its message, as a
     library's exception may quote what it was given."""
 
-    def redact(self, text: str) -> tuple[str, list]:
+    def redact_mapped(self, text: str) -> Redaction:
         if "charged" in text:
             raise ValueError(f"cannot parse {text!r}")
-        return text.upper(), []
+        return Redaction(text.upper(), [], OffsetMap())
 
 
 def test_a_failure_is_an_error_row_without_the_text_and_the_document_goes_no_further() -> None:
