@@ -59,7 +59,7 @@ from docintel.pipeline.artefacts.paths import (
 from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.entities.stage import ENTITIES_SPEC as ENTITIES
 from docintel.pipeline.errors import ConfigError, ModelError
-from docintel.pipeline.privacy.stage import PRIVACY
+from docintel.pipeline.privacy.stage import PRIVACY, check_place
 from docintel.pipeline.schema import (
     CONTENT,
     DOC_ID,
@@ -540,6 +540,7 @@ def chain(cfg: Config) -> Chain:
             f"[pipeline] stages must hold the built-in stages {wanted} in this order (user "
             f"stages may go between or after them); it has {builtin}"
         )
+    check_place(specs)  # with redaction on, no user stage sees the raw text
     return Chain(cfg, tuple(specs))
 
 

@@ -35,7 +35,7 @@ import hashlib
 import importlib.metadata
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import pyarrow as pa
@@ -297,6 +297,21 @@ def _failure(doc: str, e: Exception) -> str:
         "message is withheld, as it may quote the text. The document is left out of the "
         "output; report it with the exception type"
     )
+
+
+def check_place(specs: Sequence[StageSpec]) -> None:
+    """With redaction on, no user stage runs before it: one would see the raw text (a
+    ``[pipeline] stages`` list may put user stages anywhere else). ConfigError, exit 2."""
+    names = [s.name for s in specs]
+    if NAME not in names:
+        return
+    before = [s.name for s in specs[: names.index(NAME)] if not s.builtin]
+    if before:
+        raise ConfigError(
+            f"[pipeline] stages puts the user stage(s) {before} before {NAME!r}: with "
+            "[privacy] redact on, no stage may see a sentence before it is redacted; list "
+            f"them after {NAME!r}"
+        )
 
 
 def _check(cfg: Config) -> StageFacts:

@@ -298,3 +298,22 @@ def test_what_the_manifest_and_the_plan_key_record() -> None:
     recorded = json.dumps([recorded_config(on), manifest_record(on), key])
     assert "CU-" not in recorded and "Jane Roe" not in recorded
     assert recorded_config(on)["privacy"]["patterns"] == key["patterns"]
+
+
+def test_no_user_stage_may_run_before_redaction(user_package: Path) -> None:
+    """A user stage listed before ``privacy`` (or before sentencize) would see the raw text:
+    refused while redaction is on; after it, or without redaction, it is welcome."""
+    from tests.userstage import ENTRY
+
+    words = {"stages.keywords.words": ["fell"], "privacy.redact": True}
+    for stages in (
+        ["sentencize", ENTRY, "privacy", "embed", "classify"],
+        [ENTRY, "sentencize", "embed", "classify"],
+    ):
+        with pytest.raises(ConfigError, match=r"user stage\(s\) \['keywords'\] before 'privacy'"):
+            registry.chain(load_config(None, {**words, "pipeline.stages": stages}))
+    after = ["sentencize", ENTRY, "embed", "classify"]  # privacy goes in right after sentencize
+    names = registry.chain(load_config(None, {**words, "pipeline.stages": after})).names
+    assert names[:3] == ["sentencize", "privacy", "keywords"]
+    off = load_config(None, {"stages.keywords.words": ["fell"], "pipeline.stages": after})
+    assert "keywords" in registry.chain(off).names
