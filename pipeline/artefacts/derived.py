@@ -179,6 +179,9 @@ def _loads(path: Path) -> bool:
 def _build(artefact: registry.Artefact) -> None:
     """One artefact, with the exporters' progress bars and tracer warnings kept quiet (the
     run prints its own line; a failure still raises)."""
+    if not artefact.exported:  # nothing to quiet: no transformers import (~1-2 s)
+        artefact.build()
+        return
     import transformers
 
     transformers.utils.logging.disable_progress_bar()

@@ -34,6 +34,7 @@ import pickle
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,8 +181,8 @@ def build_compiled(paths: Sequence[Path], target: Path) -> Path:
 
 def _artefacts(cfg: Config) -> list[Artefact]:
     path = compiled_path(cfg)
-    paths = list_paths(cfg)
-    return [Artefact("compiled watch lists", path, lambda: build_compiled(paths, path))]
+    build = partial(build_compiled, list_paths(cfg), path)
+    return [Artefact("compiled watch lists", path, build, exported=False)]
 
 
 def _check(cfg: Config) -> StageFacts:

@@ -56,6 +56,9 @@ class Artefact:
     build: Callable[[], object]  # imports the frameworks it needs
     int8: bool = False
     stage: str = ""  # the stage whose replicas load it (set when a layout is read)
+    # built by a model exporter (transformers, tf2onnx) whose progress bars and warnings
+    # the build quiets; False (compiled watch lists): no exporter, nothing to import
+    exported: bool = True
 
 
 @dataclass(frozen=True)
