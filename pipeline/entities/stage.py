@@ -83,9 +83,9 @@ class EntitiesConfig(Settings):
     # CSV or Parquet files of entity_id, name, optional aliases ('|'-separated) and type;
     # each list is named by its file's stem. Empty: no entities stage.
     lists: list[str] = Field(default_factory=list)
-    # None: exact matching after normalisation; a value in (0, 1]: fuzzy matching too
-    # (typos, transliterations) down to this similarity.
-    min_similarity: float | None = Field(None, gt=0, le=1)
+    # 1.0 (the default): exact matching after normalisation; below 1: fuzzy matching too
+    # (typos, transliterations), down to this similarity.
+    min_similarity: float = Field(1.0, gt=0, le=1)
 
 
 # --- the lists on the driver ---------------------------------------------------------------
@@ -156,7 +156,7 @@ def lists_version(cfg: Config) -> str:
     """``lists@<12 hex of the lists' contents>``, and ``~<min similarity>`` when fuzzy."""
     version = f"lists@{lists_digest(check_lists(list_paths(cfg)))[:12]}"
     fuzzy = cfg.entities.min_similarity
-    return version if fuzzy is None else f"{version}~{fuzzy:g}"
+    return version if fuzzy >= 1 else f"{version}~{fuzzy:g}"
 
 
 def compiled_path(cfg: Config) -> Path:
