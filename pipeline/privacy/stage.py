@@ -215,9 +215,9 @@ def redact_document(
         n = bisect.bisect_right(orig_ends, pos)
         return pos + (shift[n - 1] if n else 0)
 
+    last = {k0: k for k, k0 in enumerate(first)}  # each group's last sentence (in order)
     out = []
-    for k0 in sorted(set(first)):
-        k1 = max(k for k in range(k0, len(texts)) if first[k] == k0)
+    for k0, k1 in last.items():
         a, b = mapped(at[k0]), mapped(at[k1] + len(texts[k1]))
         lo, hi = bisect.bisect_left(span_starts, a), bisect.bisect_left(span_starts, b)
         pii = [{**sp, "start": sp["start"] - a, "end": sp["end"] - a} for sp in red.spans[lo:hi]]
