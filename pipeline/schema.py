@@ -143,7 +143,7 @@ def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
     fields = [
         pa.field(DOC_ID, pa.string(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
-        pa.field(SOURCE_FORMAT, pa.string(), nullable=False),
+        pa.field(SOURCE_FORMAT, pa.string()),  # nullable: runs written before it had none
         pa.field(N_PAGES, pa.int32()),
         pa.field(TITLE, pa.string()),
         pa.field("n_sentences", pa.int32(), nullable=False),

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -29,6 +30,14 @@ from tests.data_make.parse_files import (
     report_pdf,
     scanned_pdf,
     zip_bytes,
+)
+from tests.integration.test_s3 import (  # moto's S3 server on loopback and its helpers
+    IN_BUCKET,
+    OUT_BUCKET,
+    _cfg,
+    _read_tables,
+    s3,  # noqa: F401 (fixtures, requested by name)
+    s3_endpoint,  # noqa: F401
 )
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -194,3 +203,25 @@ def test_a_mix_of_parquet_and_documents_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "docs.parquet" in done.stderr and "memo.txt" in done.stderr
     assert not (tmp_path / "o" / "_manifest.json").exists()
+
+
+def test_an_s3_prefix_of_documents(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Document files under an S3 prefix (moto's server on loopback): ids relative to the
+    prefix, bytes read by the read tasks, output on S3 read back."""
+    client: Any = request.getfixturevalue("s3")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    memo, news = memo_docx("Memo"), news_html()
+    for key, body in (("inbox/a.txt", b"Profits rose. Costs fell."),
+                      ("inbox/web/news.html", news.data), ("inbox/memo.docx", memo.data),
+                      ("inbox/skip.png", b"\x89PNG")):  # fmt: skip
+        client.put_object(Bucket=IN_BUCKET, Key=key, Body=body)
+    out = f"s3://{OUT_BUCKET}/docs-run"
+    cfg = _cfg(endpoint, **{"run.embeddings": False})
+    summary = execute(cfg, f"s3://{IN_BUCKET}/inbox/", out)
+    assert summary.documents == 3 and not summary.partial
+    tables = _read_tables(endpoint, out.removeprefix("s3://"))
+    docs = tables["documents"].set_index("doc_id")
+    assert sorted(docs.index) == ["a.txt", "memo.docx", "web/news.html"]
+    assert (docs.status == "ok").all()
+    assert docs.loc["web/news.html", "source_format"] == "html"
+    assert execute(cfg, f"s3://{IN_BUCKET}/inbox/", out).already_complete
