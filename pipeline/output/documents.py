@@ -8,6 +8,8 @@ task fills the format from the file's name, the parse stage the rest).
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,12 +39,20 @@ def document_columns(batch: Batch) -> dict[str, pa.Array]:
         }
     at = pc.index_in(batch.doc_ids, value_set=docs[DOC_ID])
     fmt = pc.take(docs[SOURCE_FORMAT], at)
+    if fmt.null_count:  # a refused attachment: its format by its name
+        by_name = [_by_name(d) for d in batch.doc_ids.to_pylist()]
+        fmt = pc.coalesce(fmt, pa.array(by_name, pa.string()))
     return {
-        # a document with no row (never the case: the read task writes one per file)
-        SOURCE_FORMAT: pc.fill_null(fmt, "unknown"),
+        SOURCE_FORMAT: fmt,
         N_PAGES: pc.take(docs[N_PAGES], at),
         TITLE: pc.take(docs[TITLE], at),
     }
+
+
+def _by_name(doc_id: str) -> str:
+    from docintel.pipeline.input.documents import DOCUMENT_SUFFIXES
+
+    return DOCUMENT_SUFFIXES.get(PurePosixPath(doc_id).suffix.lower(), "unknown")
 
 
 def page_column(batch: Batch, sentences: pa.Table) -> pa.Array:
