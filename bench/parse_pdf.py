@@ -1,20 +1,24 @@
 """Pages per second of docintel's PDF path (docintel.pipeline.parse: pypdfium2 plus the
-layout rules: lines joined, hyphens rejoined, running headers and footers dropped)
-against a plain pypdf loop, against ``pdftotext`` (poppler-utils) and against a bare
-pypdfium2 text loop (the floor under docintel's path), on the same PDFs in one run.
+layout rules: lines joined, hyphens rejoined, running headers and footers dropped), as a
+function call and as the parse stage runs it (the stage's parser process, batches of 16
+files), against a plain pypdf loop, against ``pdftotext`` (poppler-utils) and against a
+bare pypdfium2 text loop (the floor under docintel's path), on the same PDFs in one run.
 
-    python bench/parse_pdf.py [--docs 12] [--pages 10] [--repeat 3]
+    python bench/parse_pdf.py [--docs 60] [--pages 5] [--rounds 3]
 
-The PDFs are printed by headless Chromium (apt package chromium) from reports written by
-tests/data_make/parse_files.py: ``--pages`` pages each of a heading and three paragraphs,
-a running header, a "Page n of N" footer, Chromium's date/title header and URL footer,
-words hyphenated at line ends. Each method reads every PDF from memory (pdftotext: from a
-file, one process per PDF, as a pipeline would call it), best of ``--repeat`` rounds, one
-process, one core. Also printed: each method's word recall against the written text and
-its extra words (the share of its words that are not in the text: headers, footers, page
-numbers and the halves of words hyphenated at line ends), after dropping the invisible
-soft hyphens (U+00AD) that pypdf and pdftotext keep inside words (Chromium's PDFs carry
-one in every word the HTML gave one). Needs pypdf (the dev extra) and poppler-utils.
+The PDFs: generated reports (tests/data_make/parse_files.py: each page a heading and
+three paragraphs, a running header, a "Page n of N" footer, Chromium's date/title header
+and URL footer, words hyphenated at line ends) printed by headless Chromium (apt package
+chromium) as one document and split into ``--docs`` PDFs of ``--pages`` pages with
+pypdfium2 (one Chromium start instead of one per PDF). Each method reads every PDF from
+memory (pdftotext: from a file, one process per PDF, as a pipeline would call it); after
+one untimed warm-up file each (imports, the parser process's first file), the methods
+alternate, in a rotated order each round, in one process; the median round is reported.
+Also printed: each method's word recall against the written text and its extra words (the
+share of its words that are not in the text: headers, footers, page numbers and the halves
+of words hyphenated at line ends), after dropping the invisible soft hyphens (U+00AD) that
+pypdf and pdftotext keep inside words (Chromium's PDFs carry one in every word the HTML
+gave one). Needs pypdf (the dev extra) and poppler-utils.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from __future__ import annotations
 import argparse
 import io
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,43 +42,93 @@ from docintel.pipeline.parse import parse_file  # noqa: E402
 from docintel.pipeline.parse.recall import word_recall, words  # noqa: E402
 from tests.data_make.parse_files import paragraphs, print_pdf, report_html  # noqa: E402
 
-Reader = Callable[[Path, bytes], str]
+STAGE_BATCH = 16  # files per batch in a run ([run] batch_size "auto", document input)
 
 
-def make_pdfs(folder: Path, docs: int, pages: int) -> list[tuple[Path, bytes, str]]:
-    """``docs`` reports of ``pages`` pages: (path, bytes, the text written)."""
+@dataclass(frozen=True)
+class Pdf:
+    path: Path
+    data: bytes
+    written: str  # the text a perfect parser would extract
+
+
+Method = Callable[[list[Pdf]], list[str]]
+
+
+def make_pdfs(folder: Path, docs: int, pages: int) -> list[Pdf]:
+    """``docs`` reports of ``pages`` pages written to ``folder`` (only the PDFs there):
+    printed by Chromium as one document, split with pypdfium2."""
+    import pypdfium2 as pdfium
+
+    content = [(f"Section {p % pages + 1}: report {p // pages}", paragraphs(3, p))
+               for p in range(docs * pages)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = pdfium.PdfDocument(print_pdf(report_html(content, "Reports"), Path(tmp), "all"))
+    folder.mkdir(parents=True, exist_ok=True)
     out = []
     for d in range(docs):
-        content = [(f"Section {p}: part {d}", paragraphs(3, d * 1000 + p)) for p in range(pages)]
-        data = print_pdf(report_html(content, f"Report {d}"), folder, f"report{d}")
-        written = "\n\n".join(t for head, paras in content for t in (head, *paras))
-        out.append((folder / f"report{d}.pdf", data, written))
+        first = d * pages
+        part = pdfium.PdfDocument.new()
+        part.import_pages(whole, list(range(first, first + pages)))
+        buf = io.BytesIO()
+        part.save(buf)
+        path = folder / f"report{d:04d}.pdf"
+        path.write_bytes(buf.getvalue())
+        mine = content[first : first + pages]
+        written = "\n\n".join(t for head, paras in mine for t in (head, *paras))
+        out.append(Pdf(path, buf.getvalue(), written))
     return out
 
 
-def docintel(_path: Path, data: bytes) -> str:
-    return parse_file("report.pdf", data)[0].text
+def per_file(read: Callable[[Pdf], str]) -> Method:
+    return lambda pdfs: [read(p) for p in pdfs]
 
 
-def pypdfium2_raw(_path: Path, data: bytes) -> str:
+def docintel(pdf: Pdf) -> str:
+    return parse_file("report.pdf", pdf.data)[0].text
+
+
+def pypdfium2_raw(pdf: Pdf) -> str:
     import pypdfium2 as pdfium
 
-    pdf = pdfium.PdfDocument(data)
+    doc = pdfium.PdfDocument(pdf.data)
     try:
-        return "\n".join(pdf[i].get_textpage().get_text_range() for i in range(len(pdf)))
+        return "\n".join(doc[i].get_textpage().get_text_range() for i in range(len(doc)))
     finally:
-        pdf.close()
+        doc.close()
 
 
-def pypdf_loop(_path: Path, data: bytes) -> str:
+def pypdf_loop(pdf: Pdf) -> str:
     from pypdf import PdfReader
 
-    return "\n".join(page.extract_text() for page in PdfReader(io.BytesIO(data)).pages)
+    return "\n".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf.data)).pages)
 
 
-def pdftotext(path: Path, _data: bytes) -> str:
-    done = subprocess.run(["pdftotext", str(path), "-"], capture_output=True, check=True)
+def pdftotext(pdf: Pdf) -> str:
+    done = subprocess.run(["pdftotext", str(pdf.path), "-"], capture_output=True, check=True)
     return done.stdout.decode("utf-8", errors="replace")
+
+
+class StageMethod:
+    """The parse stage as a run calls it: Parser's __call__ on Arrow batches of
+    (doc_id, content), each file parsed in the stage's parser process."""
+
+    def __init__(self) -> None:
+        from docintel.pipeline.stages.parse import ParseConfig, Parser
+
+        self.stage = Parser(ParseConfig())
+        self.stage.setup()  # starts the parser process: not timed
+
+    def __call__(self, pdfs: list[Pdf]) -> list[str]:
+        import pyarrow as pa
+
+        texts: list[str] = []
+        for i in range(0, len(pdfs), STAGE_BATCH):
+            batch = pdfs[i : i + STAGE_BATCH]
+            ids = [p.path.name for p in batch]
+            out = self.stage(pa.table({"doc_id": ids, "content": [p.data for p in batch]}))
+            texts.extend(out["text"].to_pylist())
+        return texts
 
 
 def extra_words(source: str, extracted: str) -> float:
@@ -82,41 +138,71 @@ def extra_words(source: str, extracted: str) -> float:
     return sum(max(0, n - want[w]) for w, n in got.items()) / total if total else 0.0
 
 
-def measure(reader: Reader, pdfs: list[tuple[Path, bytes, str]], repeat: int) -> tuple:
-    """(best seconds over all PDFs, mean recall, mean extra words)."""
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        texts = [reader(path, data) for path, data, _ in pdfs]
-        best = min(best, time.perf_counter() - started)
-    texts = [t.replace("\u00ad", "") for t in texts]  # invisible soft hyphens: not scored
-    recall = sum(word_recall(src, t) for (_, _, src), t in zip(pdfs, texts, strict=True))
-    extra = sum(extra_words(src, t) for (_, _, src), t in zip(pdfs, texts, strict=True))
-    return best, recall / len(pdfs), extra / len(pdfs)
+def quality(pdfs: list[Pdf], texts: list[str]) -> tuple[float, float]:
+    """(mean word recall, mean extra words); soft hyphens (invisible) not scored."""
+    texts = [t.replace("\u00ad", "") for t in texts]
+    pairs = list(zip(pdfs, texts, strict=True))
+    recall = sum(word_recall(p.written, t) for p, t in pairs) / len(pdfs)
+    return recall, sum(extra_words(p.written, t) for p, t in pairs) / len(pdfs)
+
+
+def alternate(methods: dict[str, Method], pdfs: list[Pdf], rounds: int) -> dict[str, dict]:
+    """Every method once a round, the order rotated each round: per method its seconds
+    of every round, and the recall and extra words of its texts."""
+    names = list(methods)
+    seen: dict[str, dict] = {n: {"seconds": []} for n in names}
+    for name in names:  # warm-up, not timed: imports, the parser process's first file
+        methods[name](pdfs[:1])
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            started = time.perf_counter()
+            texts = methods[name](pdfs)
+            seen[name]["seconds"].append(time.perf_counter() - started)
+            if r == 0:
+                seen[name]["recall"], seen[name]["extra"] = quality(pdfs, texts)
+        print(f"  round {r + 1}: " + ", ".join(
+            f"{n} {seen[n]['seconds'][-1]:.2f} s" for n in names), flush=True)  # fmt: skip
+    return seen
+
+
+def table(seen: dict[str, dict], n_pages: int, reference: str) -> str:
+    """Markdown: median seconds, pages/s, pages/s against ``reference``, recall, extra."""
+    ref = statistics.median(seen[reference]["seconds"])
+    lines = [
+        "| method | median s | pages/s | pages/s vs the parse stage | word recall | extra words |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in seen.items():
+        sec = statistics.median(s["seconds"])
+        lines.append(f"| {name} | {sec:.2f} | {n_pages / sec:,.0f} | {ref / sec:.2f} | "
+                     f"{s['recall']:.3f} | {s['extra']:.3f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=12)
-    parser.add_argument("--pages", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--docs", type=int, default=60)
+    parser.add_argument("--pages", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    readers: dict[str, Reader] = {"docintel (pypdfium2 + layout)": docintel}
-    readers["pypdfium2, raw text"] = pypdfium2_raw
-    readers["pypdf loop"] = pypdf_loop
+    stage = StageMethod()
+    methods: dict[str, Method] = {"parse stage (parser process, batches of 16)": stage}
+    methods["docintel parse_file (pypdfium2 + layout)"] = per_file(docintel)
+    methods["pypdfium2, raw text"] = per_file(pypdfium2_raw)
+    methods["pypdf loop"] = per_file(pypdf_loop)
     if shutil.which("pdftotext"):
-        readers["pdftotext (poppler)"] = pdftotext
+        methods["pdftotext (poppler)"] = per_file(pdftotext)
     with tempfile.TemporaryDirectory() as tmp:
-        pdfs = make_pdfs(Path(tmp), args.docs, args.pages)
+        pdfs = make_pdfs(Path(tmp) / "pdfs", args.docs, args.pages)
         n_pages = args.docs * args.pages
-        print(f"{args.docs} PDFs x {args.pages} pages = {n_pages} pages, best of {args.repeat}\n")
-        print("| method | seconds | pages/s | word recall | extra words |")
-        print("|---|---:|---:|---:|---:|")
-        for label, reader in readers.items():
-            seconds, recall, extra = measure(reader, pdfs, args.repeat)
-            rate = n_pages / seconds
-            print(f"| {label} | {seconds:.2f} | {rate:,.0f} | {recall:.3f} | {extra:.3f} |")
-    if "pdftotext (poppler)" not in readers:
+        print(f"{args.docs} PDFs x {args.pages} pages = {n_pages} pages, {args.rounds} "
+              "rounds, methods alternating", flush=True)  # fmt: skip
+        seen = alternate(methods, pdfs, args.rounds)
+    stage.stage.teardown()
+    print()
+    print(table(seen, n_pages, next(iter(methods))))
+    if "pdftotext (poppler)" not in methods:
         print("\npdftotext not found: apt-get install poppler-utils")
 
 
