@@ -17,8 +17,10 @@ accented, corporate suffixes), one CSV. Both sides read the same corpus file; th
 ONNX models are built by one warm-up run of side A before the timed runs (not counted).
 
 Per run: the subprocess's wall time, the CPU seconds of its whole process tree (driver,
-Ray daemons, workers; sampled every 0.2 s), the manifest's wall time and the entities
-stage's seconds, the compile time the run printed, and the entities replica's peak RSS.
+Ray daemons, workers; sampled every 0.2 s), of the driver (it reads, checks and compiles
+the list) and of the entities replica (its process start, the load of the compiled list,
+the matching), the manifest's wall time and the entities stage's seconds, the compile
+time the run printed, and the entities replica's peak RSS.
 On a shared machine wall times spread; the ratios of medians are the figure.
 
 Run from the repository root:
@@ -66,6 +68,8 @@ COLUMNS = {
     "wall": "process wall s",
     "run_wall": "manifest wall s",
     "tree_cpu": "tree CPU s",
+    "driver_cpu": "driver CPU s",
+    "replica_cpu": "entities replica CPU s",
     "stage": "entities stage s",
     "compile": "compile s",
     "replica_mb": "entities replica MiB",
@@ -119,12 +123,18 @@ def one_run(side: str, corpus: Path, watch: Path, work: Path, cache: Path, i: in
     manifest = json.loads((out / "_manifest.json").read_text())
     pids = {r.get("pid") for r in manifest["replicas"] if r["stage"] == "entities"} - {None}
     rss = [p.rss for s in peak.timeline for p in s.procs if p.pid in pids]
+    cpu: dict[int, float] = {}
+    for sample in peak.timeline:
+        for p in sample.procs:
+            cpu[p.pid] = max(cpu.get(p.pid, 0.0), p.cpu_s)
     built = BUILT.search(err)
     timings = manifest["timings"]
     return {
         "wall": wall,
         "run_wall": timings["wall_seconds"],
         "tree_cpu": peak.cpu_s,
+        "driver_cpu": cpu.get(proc.pid),
+        "replica_cpu": sum(cpu.get(pid, 0.0) for pid in pids) if pids else None,
         "stage": timings["stage_seconds"].get("entities"),
         "compile": float(built.group(1)) if built else None,
         "replica_mb": max(rss) / MIB if rss else None,
