@@ -148,7 +148,7 @@ def _settle(a: registry.Artefact, folder: Path, say: Callable[[str], None]) -> N
     if problem != MISSING:
         said = "does not load" if problem == NO_CHECKSUM else problem
         say(f"the cached {a.what} {a.path} {said}: rebuilding it (once)")
-    say(f"building the {a.what} into {folder} (once per model version)...")
+    say(f"building the {a.what} into {a.path.parent} (once per source version)...")
     t0 = time.perf_counter()
     _build(a)
     after = checksum_problem(a.path)
