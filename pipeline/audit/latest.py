@@ -46,6 +46,7 @@ from docintel.pipeline.audit.tables import NightTables
 from docintel.pipeline.formats.parquet import PART, SUFFIX, part_files
 from docintel.pipeline.output.sink import atomic_write
 from docintel.pipeline.output.tables import Part, plain
+from docintel.pipeline.report.review import owning_ids
 from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL
 
 LATEST_DIR = "latest"
@@ -125,7 +126,13 @@ def _refresh_date(
 def _all_current(lay: AuditLayout, path: str, current: pa.ChunkedArray) -> bool:
     with lay.fs.open_input_file(path) as f:
         ids = pq.read_table(f, columns=[DOC_ID])[DOC_ID]
-    return pc.all(pc.is_in(ids, value_set=current)).as_py() is not False
+    return pc.all(_is_current(ids, current)).as_py() is not False
+
+
+def _is_current(ids: pa.ChunkedArray, current: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Whether each id's document is current: its own index row's, or (an e-mail
+    attachment's document, not in the index) its e-mail's."""
+    return pc.or_(pc.is_in(ids, value_set=current), pc.is_in(owning_ids(ids), value_set=current))
 
 
 def _write_current(
@@ -137,7 +144,7 @@ def _write_current(
         pf = pq.ParquetFile(f)
         cols = [c for c in pf.schema_arrow.names if c != EMBEDDING]
         table = pa.Table.from_batches([plain(b) for b in pf.read(columns=cols).to_batches()])
-    rows = table.filter(pc.is_in(table[DOC_ID], value_set=current))
+    rows = table.filter(_is_current(table[DOC_ID], current))
     if rows.num_rows == 0:
         return False  # the caller deletes ``dst``
     rows = rows.append_column(PARTITION_KEY, pa.array([when.as_py()] * rows.num_rows, pa.date32()))

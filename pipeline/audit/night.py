@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 
 from docintel.pipeline.audit.changes import describe_changes, diff_index
 from docintel.pipeline.audit.latest import update_latest
-from docintel.pipeline.audit.select import select_documents, waiting_since
+from docintel.pipeline.audit.select import waiting_since
+from docintel.pipeline.audit.select_documents import select_night
 from docintel.pipeline.audit.state import (
     INDEX_SCHEMA,
     AuditLayout,
@@ -259,7 +260,7 @@ def _selection(
                 f"the record of its input, is missing; delete {run_dir} (and, with Iceberg "
                 f"output, that run's snapshots) to redo the audit of {day}"
             )
-        return select_documents(audit.cfg, lay, day, source, state, models), False
+        return select_night(audit.cfg, lay, day, source, state, models), False
     if source is not None and selection["source"] != source:
         raise UsageError(
             f"the interrupted audit of {day} in {output} read {selection['source']!r}, "

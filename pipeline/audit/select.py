@@ -83,14 +83,16 @@ def select_documents(
     source: str,
     state: dict[str, Any] | None,
     models: dict[str, str],
+    resolved: tuple[pafs.FileSystem, list[InputFile]] | None = None,
 ) -> dict[str, Any]:
     """Decide the night's documents, write their staging input and the pending index.
+    ``resolved``: the source's filesystem and Parquet files, when already listed.
 
     Returns the selection record, written last as the staging folder's marker.
     """
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     id_col, text_col = cfg.input.id_column, cfg.input.text_column
-    src_fs, files = resolve_input(source, cfg.storage)
+    src_fs, files = resolved or resolve_input(source, cfg.storage)
     seen = _file_stamps(src_fs, files)
     previous_models = state["models"] if state else None
     models_changed = previous_models is not None and previous_models != models
@@ -564,6 +566,9 @@ def waiting_since(cfg: Config, source: str, state: dict[str, Any] | None) -> tup
     changed = [f for f in files if old.get(f.path) != seen[f.path]]
     docs = 0
     for f in changed:
+        if f.document:  # one document per file (and its attachments, if an e-mail)
+            docs += 1
+            continue
         try:
             with fs.open_input_file(f.path) as raw:
                 docs += pq.ParquetFile(raw).metadata.num_rows

@@ -198,6 +198,7 @@ td.text { max-width: 640px; overflow-wrap: break-word; }
 .chart svg { max-width: 100%; height: auto; }
 h3 { font-size: 1rem; margin: 1.2rem 0 .3rem; } h3 .sub { font-weight: normal; font-size: .85rem; }
 .rs { margin: .1rem 0; } .score { font-variant-numeric: tabular-nums; color: #a01010; }
+.page { color: #666; font-size: .8rem; white-space: nowrap; }
 .more { color: #555; } tr.risk td { background: #fdecea; } tr.added td { background: #e9f7ec; }
 tr.removed td { background: #f4f4f4; color: #666; text-decoration: line-through; }
 .tag { font-size: .72rem; background: #2ca02c; color: #fff; border-radius: 3px;

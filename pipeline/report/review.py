@@ -26,9 +26,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from docintel.pipeline.output.tables import RunTables
-from docintel.pipeline.schema import DOC_ID, LABEL, SCORE, SENT_INDEX, TEXT
+from docintel.pipeline.schema import DOC_ID, LABEL, PAGE, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.untrusted import csv_cell
 
 REVIEW_CSV = "review.csv"
@@ -111,16 +112,39 @@ def _status(ids: pa.ChunkedArray, changes: dict[str, Any] | None) -> pa.Array:
         return pa.nulls(len(ids), pa.string())
     changed = pa.array([c["doc_id"] for c in changes.get("changed", [])], pa.string())
     new = pa.array(changes.get("new", []), pa.string())
-    return pc.if_else(
-        pc.is_in(ids, value_set=changed),
-        "changed",
-        pc.if_else(pc.is_in(ids, value_set=new), "new", "reprocessed"),
-    )
+    files = owning_ids(ids)  # an e-mail attachment's document has its e-mail's status
+
+    def among(some: pa.Array) -> pa.Array:
+        return pc.or_(pc.is_in(ids, value_set=some), pc.is_in(files, value_set=some))
+
+    return pc.if_else(among(changed), "changed", pc.if_else(among(new), "new", "reprocessed"))
+
+
+# An e-mail's attachment is a document ``<path>.eml/<name>`` (pipeline/input/documents.py)
+_ATTACHMENT = r"(?i)^(.*?\.eml)/.+$"
+
+
+def owning_ids(ids: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Each document id, or for an e-mail attachment's document the e-mail's id: the audit's
+    doc index holds one row per source file, and attachments follow their file."""
+    return pc.replace_substring_regex(ids, _ATTACHMENT, r"\1")
+
+
+def _has_column(tables: RunTables, table: str, column: str) -> bool:
+    """Whether the run's ``table`` has ``column`` (one footer read)."""
+    parts = tables.parts(table)
+    if not parts:
+        return False
+    with parts[0].opener() as f:
+        return column in pq.ParquetFile(f).schema_arrow.names
 
 
 def _sentences_of(tables: RunTables, ids: list[str]) -> dict[str, list[dict]]:
     """The sentences of ``ids`` in the run, by document, in order (one filtered scan)."""
-    table = tables.read("sentences", [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE], ids)
+    columns = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE]
+    if _has_column(tables, "sentences", PAGE):  # runs written before pages lack it
+        columns.append(PAGE)
+    table = tables.read("sentences", columns, ids)
     if table is None:
         return {}
     table = table.sort_by([(DOC_ID, "ascending"), (SENT_INDEX, "ascending")])

@@ -162,8 +162,10 @@ def drilldown_section(r: dict[str, Any]) -> str:
         rows, classes = [], []
         for s in d["sentences"]:
             tag = ' <span class="tag">added tonight</span>' if s["text"] in new_here else ""
+            page = s.get("page")  # paged formats (PDF): where the sentence starts
+            where = "" if page is None else f'<span class="page">p. {esc(page)}</span> '
             rows.append([num(s["sent_index"]), esc(s["label"]), num(s["score"], ".3f"),
-                         esc(s["text"]) + tag])  # fmt: skip
+                         where + esc(s["text"]) + tag])  # fmt: skip
             classes.append("risk" if s["label"] == risk else "")
         html_table = table(f"doc-{d['rank']}-sentences", ["#", "label", "score", "sentence"],
                            rows, {0, 2}, classes)  # fmt: skip

@@ -131,7 +131,7 @@ def test_a_failed_audit_leaves_no_half_made_state(
     src, out = tmp_path / "src", tmp_path / "out"
     if kind == "not-parquet":
         (src).mkdir()
-        (src / "notes.txt").write_text("hello")
+        (src / "notes.csv").write_text("hello")  # neither Parquet nor a document file
     elif kind == "duplicate-ids":
         _write(src / "x.parquet", ["x0", "x1"], _texts(headlines, 0, 2))
         _write(src / "y.parquet", ["x1", "y1"], _texts(headlines, 2, 2))
