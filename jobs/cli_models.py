@@ -88,6 +88,16 @@ AddDataOpt = Annotated[
         dir_okay=False,
     ),
 ]
+LanguagesOpt = Annotated[
+    str,
+    typer.Option(
+        "--languages",
+        metavar="CODES",
+        help="The languages of DATA's texts, ISO 639-1 codes, comma-separated, recorded in "
+        "training.json: a run gives sentences in any other language a null label and score "
+        "(docs/models.md). Default: en.",
+    ),
+]
 NormaliseTextOpt = Annotated[
     bool,
     typer.Option(
@@ -251,6 +261,7 @@ def train(
     score_on: ScoreOnOpt = None,
     normalise_text: NormaliseTextOpt = False,
     add_data: AddDataOpt = None,
+    languages: LanguagesOpt = "en",
     progress: ProgressOpt = True,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file; with --fine-tune,
@@ -273,6 +284,7 @@ def train(
     from docintel.pipeline.offline.train import train as do_train
 
     show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
+    langs = _languages(languages)
     try:
         head_params, params = _training_params(head, method, epochs, fine_tune)
         embed = _embed_cfg(load_config(config).embed, encoder)
@@ -282,13 +294,25 @@ def train(
                 bar.console.print("embedding texts and training the head")
             kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar), "params": head_params}
             kwargs |= {"score_on": score_on or [], "normalise": normalise_text}
-            kwargs |= {"more_data": add_data or []}
+            kwargs |= {"more_data": add_data or [], "languages": langs}
             m = do_train(data, out_dir, embed, _names(label_names), seed=seed, **kwargs)
     except DocintelError as e:
         fail(e)
     took = f"{(time.perf_counter() - t0) / 60:.1f} min"
     print_metrics(m, f"held-out split of {data.name} -> {out_dir} ({took})")
     print_calibration(out_dir)
+
+
+def _languages(value: str) -> list[str]:
+    """``--languages en,de``: the codes, refused (exit 2) unless each is ISO 639-1."""
+    from docintel.pipeline.errors import ModelError
+    from docintel.pipeline.stages.classify import LANGUAGES_KEY, head_languages
+
+    codes = [c.strip() for c in value.split(",") if c.strip()]
+    try:
+        return head_languages({LANGUAGES_KEY: codes}, "--languages")
+    except ModelError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def print_calibration(model_dir: Path) -> None:

@@ -88,11 +88,15 @@ from docintel.pipeline.stages.classify import (
     Int8Classifier,
     OnnxClassifier,
     check_head_encoder,
+    head_languages,
+    label_columns,
     read_classifier_meta,
+    unlabelled_mask,
 )
 from docintel.pipeline.stages.embed import Embedder, check_encoder_dir, embedding_dim
 from docintel.pipeline.stages.embed_int8 import Int8Embedder, OnnxEmbedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
+from docintel.pipeline.stages.language import LANGUAGE_SPEC as LANGUAGE
 from docintel.pipeline.stages.parse import PARSE
 from docintel.pipeline.stages.sentencize import SentencizeConfig, Sentencizer, check_spacy_model
 from docintel.pipeline.stages.spec import (  # re-exported: the declaration's words
@@ -203,6 +207,7 @@ def _check_classify(cfg: Config) -> StageFacts:
     embed_path = cfg.embed.resolved_model_path()
     clf_dir = cfg.classify.resolved_model_dir()
     labels, training = read_classifier_meta(clf_dir)
+    head_languages(training, f"{clf_dir}/training.json")  # a bad record: refused here
     dim = embedding_dim(embed_path)
     if training.get("embedding_dim") != dim:
         raise ModelError(
@@ -252,15 +257,20 @@ def _embed_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]
 
 
 def _classify_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]:
-    """The first label with uniform probabilities (no TensorFlow)."""
-    labels, _ = read_classifier_meta(cfg.classify.resolved_model_dir())
+    """The first label with uniform probabilities (no TensorFlow); null where the head's
+    languages do not hold the row's ``language``, as the real stage."""
+    labels, training = read_classifier_meta(cfg.classify.resolved_model_dir())
     k = len(labels)
+
+    languages = head_languages(training)
 
     def columns(table: pa.Table) -> dict[str, pa.Array]:
         n = table.num_rows
+        probs = np.full((n, k), 1.0 / k, np.float32)
+        label, score = label_columns(probs, labels, unlabelled_mask(table, languages))
         return {
-            LABEL: pa.array([labels[0]] * n, pa.string()),
-            SCORE: pa.array(np.full(n, 1.0 / k, np.float32)),
+            LABEL: label,
+            SCORE: score,
             PROBS: _fixed_size_rows(np.full(k, 1.0 / k, np.float32), n),
         }
 
@@ -331,7 +341,7 @@ CLASSIFY = StageSpec(
 # settings model and its StageSpec) plus one entry here: its config section [<name>], its
 # [resources.<name>] pool with the declared defaults, its share of a card and its
 # <name>_backend / <name>_model columns all follow from the declaration.
-BUILTIN: tuple[StageSpec, ...] = (PARSE, SENTENCIZE, PRIVACY, ENTITIES, EMBED, CLASSIFY)
+BUILTIN: tuple[StageSpec, ...] = (PARSE, SENTENCIZE, PRIVACY, ENTITIES, LANGUAGE, EMBED, CLASSIFY)
 BUILTIN_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN)
 
 

@@ -25,6 +25,11 @@ LABEL = "label"
 SCORE = "score"
 PROBS = "probs"  # internal: the full probability vector, aggregated per document
 PAGE = "page"  # 1-based page of a sentence's start (paged formats: PDF), else null
+# The language stage: each sentence's language (ISO 639-1); documents: the majority one.
+# A sentence in a language its head was not trained on has a null label and score.
+LANGUAGE = "language"
+N_UNLABELLED = "n_unlabelled"  # documents: sentences with a null label (other languages)
+UNLABELLED = "(unlabelled)"  # how the report, the audit and search name a null label
 
 # Document input (a folder of PDF, HTML, DOCX, e-mail, text): the read task's rows carry
 # the file's bytes; the parse stage turns them into text and these document columns,
@@ -146,8 +151,10 @@ def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
         pa.field(SOURCE_FORMAT, pa.string()),  # nullable: runs written before it had none
         pa.field(N_PAGES, pa.int32()),
         pa.field(TITLE, pa.string()),
+        pa.field(LANGUAGE, pa.string()),  # null: no sentences, or a run written before it
         pa.field("n_sentences", pa.int32(), nullable=False),
         pa.field("n_truncated", pa.int32(), nullable=False),
+        pa.field(N_UNLABELLED, pa.int32()),  # nullable: runs written before it had none
     ]
     fields += [pa.field(label_count_column(lb), pa.int32(), nullable=False) for lb in labels]
     fields += [
@@ -175,8 +182,9 @@ def sentences_schema(
         pa.field(END_CHAR, pa.int64(), nullable=False),
         pa.field(PAGE, pa.int32()),
         pa.field(TEXT, pa.string(), nullable=False),
-        pa.field(LABEL, pa.string(), nullable=False),
-        pa.field(SCORE, pa.float32(), nullable=False),
+        pa.field(LANGUAGE, pa.string()),
+        pa.field(LABEL, pa.string()),  # null: a language the head was not trained on
+        pa.field(SCORE, pa.float32()),
         pa.field(N_TOKENS, pa.int32(), nullable=False),
         pa.field(TRUNCATED, pa.bool_(), nullable=False),
     ]

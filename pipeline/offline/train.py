@@ -36,7 +36,13 @@ from docintel.pipeline.artefacts.paths import (
 )
 from docintel.pipeline.errors import InputError
 from docintel.pipeline.offline.metrics import metrics
-from docintel.pipeline.stages.classify import CALIBRATION_KEY, read_classifier_meta
+from docintel.pipeline.stages.classify import (
+    CALIBRATION_KEY,
+    DEFAULT_HEAD_LANGUAGES,
+    LANGUAGES_KEY,
+    head_languages,
+    read_classifier_meta,
+)
 from docintel.pipeline.stages.embed import Embedder
 from docintel.pipeline.stages.embed_settings import EmbedConfig
 
@@ -456,6 +462,7 @@ def train(
     score_on: list[Path] | None = None,
     normalise: bool = False,
     more_data: Sequence[Path] = (),
+    languages: Sequence[str] = DEFAULT_HEAD_LANGUAGES,
 ) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
 
@@ -470,9 +477,12 @@ def train(
     hold-out, for the fine-tuning and the head) are rewritten by :func:`normalise_text`;
     texts at inference and ``score_on`` files are not.
     ``more_data``: labelled files trained on with ``data`` (rows appended to its rows).
+    ``languages``: the ISO 639-1 codes of the texts' languages, recorded in training.json
+    (``languages``): a run gives sentences in any other language a null label.
     """
     from docintel.pipeline.offline.finetune import JOINT_LAYER
 
+    langs = head_languages({LANGUAGES_KEY: list(languages)}, "the head's languages")
     params = params or HeadParams()
     t0 = time.perf_counter()
     c = _classes(data, label_names, seed, normalise, more_data)
@@ -500,6 +510,7 @@ def train(
     )
     record[CALIBRATION_KEY] = calibration
     record |= _how_trained(normalise, more_data, layer, tuned)
+    record[LANGUAGES_KEY] = langs
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result

@@ -56,7 +56,10 @@ from docintel.pipeline.schema import (
     EMBEDDING,
     ENTITIES,
     ENTITY_IDS,
+    LABEL,
+    LANGUAGE,
     N_TOKENS,
+    N_UNLABELLED,
     PAGE,
     PROBS,
     TRUNCATED,
@@ -66,6 +69,7 @@ from docintel.pipeline.schema import (
     model_column,
     sentences_schema,
 )
+from docintel.pipeline.stages.language import document_languages
 from docintel.pipeline.storage import check_bucket, is_local, resolve_uri
 
 TABLES = ("documents", "sentences", "errors")
@@ -161,24 +165,43 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
     n_sent = np.bincount(idx, minlength=n).astype(np.int32)
     trunc = sents[TRUNCATED].to_numpy(zero_copy_only=False).astype(np.int64)
     n_trunc = np.bincount(idx, weights=trunc, minlength=n).astype(np.int32)
-    k = len(labels)
-    probs = sents[PROBS].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
-    prob_sum = np.zeros((n, k), dtype=np.float64)
-    np.add.at(prob_sum, idx, probs)
-    best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
-    counts = np.zeros((n, k), dtype=np.int32)
-    np.add.at(counts, (idx, best), 1)
-    has = n_sent > 0
-    mean = np.divide(prob_sum, n_sent[:, None], out=np.zeros_like(prob_sum), where=has[:, None])
-    top = mean.argmax(axis=1)
     failed = pc.is_in(batch.doc_ids, value_set=batch.errors[DOC_ID].combine_chunks())
     cols: dict[str, Any] = {
         DOC_ID: batch.doc_ids,
         "status": pc.if_else(failed, "error", "ok"),
         **document_columns(batch),
+        LANGUAGE: document_languages(sents, idx, n),
         "n_sentences": n_sent,
         "n_truncated": n_trunc,
+        **_label_columns(sents, idx, n, labels),
     }
+    cols["batch_id"] = pa.array([batch.batch_id] * n, pa.string())
+    entities = ENTITIES in sents.column_names  # the run has the entities stage
+    if entities:
+        cols[ENTITY_IDS] = document_entity_ids(sents, idx, n)
+    return pa.table(cols, schema=documents_schema(labels, entities))
+
+
+def _label_columns(sents: pa.Table, idx: np.ndarray, n: int, labels: list[str]) -> dict[str, Any]:
+    """``n_unlabelled``, the per-label counts and the top label and its mean score of each
+    document, over its labelled sentences only (a null label: a language the head was not
+    trained on)."""
+    k = len(labels)
+    probs = sents[PROBS].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
+    labelled = pc.is_valid(sents[LABEL]).to_numpy(zero_copy_only=False).astype(bool)
+    unlabelled = (~labelled).astype(np.int64)
+    n_unlabelled = np.bincount(idx, weights=unlabelled, minlength=n).astype(np.int32)
+    idx, probs = idx[labelled], probs[labelled]
+    n_labelled = np.bincount(idx, minlength=n)
+    prob_sum = np.zeros((n, k), dtype=np.float64)
+    np.add.at(prob_sum, idx, probs)
+    best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+    counts = np.zeros((n, k), dtype=np.int32)
+    np.add.at(counts, (idx, best), 1)
+    has = n_labelled > 0
+    mean = np.divide(prob_sum, n_labelled[:, None], out=np.zeros_like(prob_sum), where=has[:, None])
+    top = mean.argmax(axis=1)
+    cols: dict[str, Any] = {N_UNLABELLED: n_unlabelled}
     for j, lb in enumerate(labels):
         cols[label_count_column(lb)] = counts[:, j]
     cols["top_label"] = pa.array(
@@ -187,11 +210,7 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
     cols["top_score"] = pa.array(
         np.where(has, mean[np.arange(n), top], np.nan), pa.float32(), mask=~has
     )
-    cols["batch_id"] = pa.array([batch.batch_id] * n, pa.string())
-    entities = ENTITIES in sents.column_names  # the run has the entities stage
-    if entities:
-        cols[ENTITY_IDS] = document_entity_ids(sents, idx, n)
-    return pa.table(cols, schema=documents_schema(labels, entities))
+    return cols
 
 
 def sentences_table(batch: Batch, embeddings: bool) -> pa.Table:
@@ -203,6 +222,8 @@ def sentences_table(batch: Batch, embeddings: bool) -> pa.Table:
     t = batch.table.drop_columns([PROBS])
     if PAGE not in t.column_names:
         t = t.append_column(PAGE, page_column(batch, t))
+    if LANGUAGE not in t.column_names:  # a chain without the language stage (tests, tools)
+        t = t.append_column(LANGUAGE, pa.nulls(t.num_rows, pa.string()))
     if not embeddings and EMBEDDING in t.column_names:
         t = t.drop_columns([EMBEDDING])
     stages = list(batch.backends)

@@ -260,9 +260,11 @@ def stage_layout(
     spill = cfg.run.spill
     pools = {s.name: cfg.resources.pool(s.name) for s in specs}
     gpu = {n: 0 if spill == "cpu-only" else _gpu_replicas(p, shape) for n, p in pools.items()}
-    wanted_cpu = {
-        n: spill in ("auto", "cpu-only") or (spill == "off" and not gpu[n]) for n in pools
-    }
+    wanted_cpu = {  # a CPU-only stage (gpu_replicas 0: language, parse) always has one
+        n: spill in ("auto", "cpu-only") or (spill == "off" and not gpu[n])
+        or pools[n].gpu_replicas == 0
+        for n in pools
+    }  # fmt: skip
     cpu = _cpu_replicas(cfg, shape, specs, gpu, wanted_cpu)
     layout = {}
     for spec in specs:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from docintel.pipeline.artefacts.paths import (
@@ -30,6 +31,7 @@ from docintel.pipeline.schema import (
     EMBEDDING,
     KERAS,
     LABEL,
+    LANGUAGE,
     ONNX_FP32,
     ONNX_INT8,
     PROBS,
@@ -96,6 +98,43 @@ def temperature_of(training: dict[str, Any], where: str = "training.json") -> fl
     if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < float("inf"):
         raise ModelError(f"{where}: calibration temperature {t!r} is not a positive number")
     return float(t)
+
+
+LANGUAGES_KEY = "languages"  # training.json: the ISO 639-1 codes the head was trained on
+DEFAULT_HEAD_LANGUAGES = ("en",)  # a head whose training.json has no "languages"
+
+
+def head_languages(training: dict[str, Any], where: str = "training.json") -> list[str]:
+    """The languages a head was trained on (its training record's ``languages``; a head
+    without the key was trained on English: ``["en"]``)."""
+    langs = training.get(LANGUAGES_KEY, list(DEFAULT_HEAD_LANGUAGES))
+    ok = isinstance(langs, list) and langs and all(isinstance(c, str) for c in langs)
+    if not ok or any(len(c) != 2 or not c.isalpha() for c in langs):
+        raise ModelError(
+            f'{where}: languages {langs!r} is not a list of ISO 639-1 codes such as ["en"]'
+        )
+    return [c.lower() for c in langs]
+
+
+def unlabelled_mask(table: pa.Table, languages: list[str]) -> np.ndarray | None:
+    """Rows whose ``language`` the head was not trained on (None: every row is labelled,
+    or the table has no ``language`` column: a chain without the language stage)."""
+    if LANGUAGE not in table.column_names or table.num_rows == 0:
+        return None
+    known = pc.is_in(table[LANGUAGE], value_set=pa.array(languages, pa.string()))
+    other = pc.invert(pc.fill_null(known, True)).to_numpy(zero_copy_only=False)
+    return other if other.any() else None
+
+
+def label_columns(
+    probs: np.ndarray, labels: list[str], unlabelled: np.ndarray | None
+) -> tuple[pa.Array, pa.Array]:
+    """The arg-max label and its probability of each row; null for ``unlabelled`` rows."""
+    best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+    names = np.asarray(labels, dtype=object)[best]
+    score = probs[np.arange(len(probs)), best]
+    label = pa.array(names.tolist(), pa.string(), mask=unlabelled)
+    return label, pa.array(score, pa.float32(), mask=unlabelled)
 
 
 def read_classifier_meta(model_dir: Path) -> tuple[list[str], dict[str, Any]]:
@@ -191,11 +230,13 @@ class Classifier(Stage):
         self.model: Any = None
         self.labels: list[str] = []
         self.temperature = 1.0  # the head's calibration (training.json), read by setup
+        self.languages: list[str] = list(DEFAULT_HEAD_LANGUAGES)  # training.json, by setup
 
     def setup(self) -> None:
         model_dir = self.cfg.resolved_model_dir()
         self.labels, training = read_classifier_meta(model_dir)
         self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
+        self.languages = head_languages(training, str(model_dir / TRAINING_FILE))
         self.backend = configure_tf(self.placement)
         self.model = load_keras(model_dir / CLASSIFIER_MODEL_FILE, self.threads)
         n_out = int(self.model.output_shape[-1])
@@ -228,9 +269,10 @@ class Classifier(Stage):
         dim = emb.type.list_size
         x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
         probs = self.predict(x).astype(np.float32)
-        best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
-        labels = pa.array(np.asarray(self.labels, dtype=object)[best].tolist(), pa.string())
-        score = pa.array(probs[np.arange(len(probs)), best], pa.float32())
+        # a sentence in a language the head was not trained on: null label and score (its
+        # probabilities stay in the internal probs column, which no table writes)
+        unlabelled = unlabelled_mask(table, self.languages)
+        labels, score = label_columns(probs, self.labels, unlabelled)
         flat = pa.array(probs.reshape(-1), pa.float32())
         table = table.append_column(LABEL, labels).append_column(SCORE, score)
         return table.append_column(PROBS, pa.FixedSizeListArray.from_arrays(flat, len(self.labels)))
@@ -275,6 +317,7 @@ class OnnxClassifier(Classifier):
         model_dir = self.cfg.resolved_model_dir()
         self.labels, training = read_classifier_meta(model_dir)
         self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
+        self.languages = head_languages(training, str(model_dir / TRAINING_FILE))
         path = self.artefact_path()
         what = f"the {self.precision} classifier {path}"
         if not path.is_file():

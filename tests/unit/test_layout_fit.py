@@ -16,14 +16,14 @@ def _cpus(layout: dict) -> dict[str, float]:
 
 def test_the_default_chain_keeps_its_shares() -> None:
     assert _cpus(stage_layout(load_config(), ClusterShape.of(2))) == {
-        "sentencize": 0.25, "embed": 1.0, "classify": 0.25,
+        "sentencize": 0.25, "language": 0.25, "embed": 1.0, "classify": 0.25,
     }  # fmt: skip
 
 
 def test_five_stages_fit_two_cores_with_the_light_ones_squeezed() -> None:
     cfg = load_config(None, {"input.kind": "documents", "privacy.redact": True})
     cpus = _cpus(stage_layout(cfg, ClusterShape.of(2)))
-    assert list(cpus) == ["parse", "sentencize", "privacy", "embed", "classify"]
+    assert list(cpus) == ["parse", "sentencize", "privacy", "language", "embed", "classify"]
     assert cpus["embed"] == 1.0  # the heavy stage keeps its share
     assert sum(cpus.values()) + cfg.resources.io_cpus <= 2.0
     assert all(0.05 <= v < 0.25 for s, v in cpus.items() if s != "embed")

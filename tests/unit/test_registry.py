@@ -15,7 +15,7 @@ from docintel.pipeline.run.layout import CPU_POOL, GPU_POOL, ClusterShape, build
 from docintel.pipeline.schema import BACKEND_CPU_FP32
 from tests.userstage import ENTRY, PACKAGE, write_entry_point
 
-BUILTIN = ["sentencize", "embed", "classify"]
+BUILTIN = ["sentencize", "language", "embed", "classify"]
 
 
 def _cfg(*stages: str, **overrides: object):
@@ -50,7 +50,7 @@ def test_a_user_stage_by_module_path(user_package: Path) -> None:
 
 def test_a_user_stage_between_built_in_ones_and_on_gpu_pools(user_package: Path) -> None:
     cfg = _cfg("sentencize", ENTRY, "embed", "classify", **{"resources.keywords.gpu_fraction": 0.1})
-    assert registry.chain(cfg).names == ["sentencize", "keywords", "embed", "classify"]
+    assert registry.chain(cfg).names == ["sentencize", "language", "keywords", "embed", "classify"]
     layout = stage_layout(cfg, ClusterShape.of(8, 1))
     kinds = {p.kind: p for p in layout["keywords"]}
     assert kinds[GPU_POOL].replicas == 1 and kinds[GPU_POOL].gpu_fraction == 0.1

@@ -10,7 +10,8 @@ from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.run import layout as layout_mod
 from docintel.pipeline.run.layout import ClusterShape, NodeShape, check_declared_gpus, stage_layout
 
-STAGES = ("sentencize", "embed", "classify")
+STAGES = ("sentencize", "embed", "classify")  # the stages with a share of a card
+CPU_ONLY = ("language",)  # always CPU replicas, whatever the spill mode
 
 
 def _check(cfg: Config, cpus: float, gpus: float = 0.0) -> None:
@@ -33,7 +34,7 @@ def test_default_layout_refused_on_one_cpu():
     with pytest.raises(ConfigError, match="CPUs") as exc:
         _check(Config(), 1)
     msg = str(exc.value)
-    assert "1.5" in msg  # what the pools hold
+    assert "1.75" in msg  # what the pools hold
     assert "--num-cpus" in msg
 
 
@@ -53,7 +54,7 @@ def test_replicas_count():
 
 def test_stage_layout_and_actor_options():
     res = stage_layout(Config(), ClusterShape.of(2))
-    assert set(res) == set(STAGES)
+    assert set(res) == {*STAGES, *CPU_ONLY}
     assert [r.kind for r in res["embed"]] == ["cpu"]  # no GPU on the cluster: CPU pools
     assert res["embed"][0].cpus == 1.0
     assert res["embed"][0].precision == "fp32"  # the main path, not a spill pool
@@ -65,16 +66,18 @@ def test_stage_layout_and_actor_options():
 
 
 def test_auto_pools_grow_with_the_cpus():
-    assert _counts(Config(), ClusterShape.of(2)) == {s: {"cpu": 1} for s in STAGES}
+    assert _counts(Config(), ClusterShape.of(2)) == {s: {"cpu": 1} for s in (*STAGES, *CPU_ONLY)}
     # 16 CPUs: 15.75 after I/O; rounds of one encoder replica, plus one sentencize and
     # one classify replica every 4 rounds: 13 + 4 x 0.25 x 2 = 15 CPUs held
     big = _counts(Config(), ClusterShape.of(16))
-    assert big == {"sentencize": {"cpu": 4}, "embed": {"cpu": 13}, "classify": {"cpu": 4}}
+    light = {"cpu": 3}
+    assert big == {"sentencize": light, "language": light, "embed": {"cpu": 12}, "classify": light}
     _check(Config(), 16)
 
 
 def test_gpus_by_default_one_replica_per_stage_per_card():
     one = stage_layout(Config(), ClusterShape.of(16, 1))
+    assert [p.kind for p in one.pop("language")] == ["cpu"]  # no share of the card
     for stage, pools in one.items():
         assert [p.kind for p in pools] == ["gpu", "cpu"], stage
         assert pools[0].replicas == 1
@@ -83,7 +86,8 @@ def test_gpus_by_default_one_replica_per_stage_per_card():
     assert _counts(Config(), ClusterShape.of(32, 4))["embed"]["gpu"] == 4
     # two cores and one GPU: the GPU replicas and I/O leave 1 CPU, too little for a CPU
     # encoder replica: every stage runs on its GPU replica alone
-    assert _counts(Config(), ClusterShape.of(2, 1)) == {s: {"gpu": 1} for s in STAGES}
+    counts = _counts(Config(), ClusterShape.of(2, 1))
+    assert counts == {**{s: {"gpu": 1} for s in STAGES}, "language": {"cpu": 1}}
     _check(Config(), 2, 1)
 
 
@@ -121,7 +125,8 @@ def _gpu_cfg(spill: str = "auto", **more: object) -> Config:
 )
 def test_spill_mode_chooses_the_pools(spill, kinds):
     res = stage_layout(_gpu_cfg(spill), ClusterShape.of(2, 1))
-    assert all([r.kind for r in pools] == kinds for pools in res.values())
+    assert all([r.kind for r in res[s]] == kinds for s in STAGES)
+    assert [r.kind for r in res["language"]] == ["cpu"]  # a CPU-only stage, in every mode
     gpu = next(r for r in res["embed"] if r.kind == "gpu") if "gpu" in kinds else None
     if gpu is not None:
         assert gpu.gpu_fraction == 0.5 and actor_options(gpu, "x")["num_gpus"] == 0.5

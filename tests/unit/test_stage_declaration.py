@@ -81,12 +81,12 @@ def test_an_optional_stage_joins_the_chain_only_when_its_setting_asks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _optional_redact(monkeypatch)
-    assert registry.chain(load_config()).names == ["sentencize", "embed", "classify"]
+    assert registry.chain(load_config()).names == ["sentencize", "language", "embed", "classify"]
     on = load_config(None, {"faults.poison_stage": "redact"})
-    assert registry.chain(on).names == ["sentencize", "redact", "embed", "classify"]
+    assert registry.chain(on).names == ["sentencize", "redact", "language", "embed", "classify"]
     # an explicit list that leaves it out gets it after its built-in predecessor
     listed = on.with_overrides({"pipeline.stages": ["sentencize", "embed", "classify"]})
-    assert registry.chain(listed).names == ["sentencize", "redact", "embed", "classify"]
+    assert registry.chain(listed).names == ["sentencize", "redact", "language", "embed", "classify"]
 
 
 def test_an_optional_stage_named_without_its_setting_is_refused(
