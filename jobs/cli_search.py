@@ -17,6 +17,7 @@ from rich.text import Text
 from docintel.jobs.ui import ConfigOpt, console, fail, out, safe
 from docintel.pipeline.config import load_config
 from docintel.pipeline.errors import DocintelError
+from docintel.pipeline.schema import UNLABELLED
 from docintel.pipeline.untrusted import json_text
 
 if TYPE_CHECKING:
@@ -120,6 +121,13 @@ def search(
                 f"the encoder's {result.max_length} tokens: truncated, as sentences are",
                 highlight=False,
             )
+    unlabelled = sum(h["label"] is None for hits in result.hits for h in hits)
+    if unlabelled:  # sentences in a language the run's model was not trained on
+        console.print(
+            f"docintel: {unlabelled} of {sum(map(len, result.hits))} hits are unlabelled "
+            "(a language the model was not trained on: null label and score)",
+            markup=False, highlight=False,
+        )  # fmt: skip
     if json_lines:
         _print_json(result)
     else:
@@ -160,7 +168,8 @@ def _print_tables(result: SearchResult) -> None:
         t.add_column("text", overflow="fold", ratio=1)
         for n, h in enumerate(hits, 1):
             t.add_row(
-                str(n), f"{h['similarity']:.4f}", Text(safe(h["label"])), f"{h['score']:.3f}",
+                str(n), f"{h['similarity']:.4f}", Text(safe(h["label"] or UNLABELLED)),
+                "" if h["score"] is None else f"{h['score']:.3f}",
                 Text(safe(h["doc_id"])), str(h["sent_index"]), Text(_one_line(h["text"])),
             )  # fmt: skip
         if not hits:

@@ -93,6 +93,12 @@ def _by_doc(table: pa.Table) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _rounded(score: float | None) -> float | None:
+    """A sentence's score for the report (null: unlabelled, a language the model was not
+    trained on)."""
+    return None if score is None else round(float(score), 6)
+
+
 def _minus(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sentences of ``a`` whose text ``b`` does not hold (as many times), in order."""
     left = Counter(s[TEXT] for s in b)
@@ -101,7 +107,7 @@ def _minus(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, A
         if left[s[TEXT]]:
             left[s[TEXT]] -= 1
         else:
-            out.append({"text": s[TEXT], "label": s[LABEL], "score": round(float(s[SCORE]), 6)})
+            out.append({"text": s[TEXT], "label": s[LABEL], "score": _rounded(s[SCORE])})
     return out
 
 

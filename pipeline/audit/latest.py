@@ -47,7 +47,7 @@ from docintel.pipeline.formats.parquet import PART, SUFFIX, part_files
 from docintel.pipeline.output.sink import atomic_write
 from docintel.pipeline.output.tables import Part, plain
 from docintel.pipeline.report.review import owning_ids
-from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL
+from docintel.pipeline.schema import DOC_ID, EMBEDDING, LABEL, UNLABELLED
 
 LATEST_DIR = "latest"
 LATEST_MARKER = "_latest.json"
@@ -163,7 +163,7 @@ def corpus_counts(lay: AuditLayout) -> dict[str, Any]:
         with lay.fs.open_input_file(path) as f:
             for b in pq.ParquetFile(f).iter_batches(batch_size=READ_BATCH_ROWS, columns=[LABEL]):
                 for v in pc.value_counts(b.column(0)).to_pylist():
-                    labels[v["values"]] += v["counts"]
+                    labels[v["values"] or UNLABELLED] += v["counts"]  # null: other languages
     n = sum(labels.values())
     return {
         "documents": docs,

@@ -49,7 +49,7 @@ from docintel.pipeline.report.review import (
     review_csv,
     review_sections,
 )
-from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT
+from docintel.pipeline.schema import DOC_ID, LABEL, N_TOKENS, SCORE, SENT_INDEX, TEXT, UNLABELLED
 from docintel.pipeline.untrusted import json_text
 
 REPORT_JSON = "report.json"
@@ -202,16 +202,20 @@ def _run_sections(
     sents = _sentences(tables, risk_label, top_n, scores, named)
     ranked = scores.ranked(changes)
     errs = _errors(tables)
+    unlabelled = sents["label_counts"].pop(UNLABELLED, 0)
     for lb in sents["label_counts"]:
         if lb not in labels:
             labels.append(lb)  # a label the manifest does not name: still counted
     label_counts = {lb: sents["label_counts"].get(lb, 0) for lb in labels}
+    if unlabelled:  # shown beside the labels, never one of them
+        label_counts[UNLABELLED] = unlabelled
     n_sent = sents["sentences"]
     counts = {
         "documents": docs["documents"],
         "sentences": n_sent,
         "errors": errs["count"],
         "tokens": sents["tokens"],
+        "unlabelled": unlabelled,
     }
     warnings = list(manifest.get("warnings", []))
     for key, value in manifest.get("counts", {}).items():
@@ -242,10 +246,11 @@ def _run_sections(
     }
 
 
-def _value_counts(values: pa.Array) -> Counter[str]:
+def _value_counts(values: pa.Array, null: str = NO_TOP_LABEL) -> Counter[str]:
+    """Each value's count; nulls counted under ``null``."""
     return Counter(
         {
-            (NO_TOP_LABEL if v["values"] is None else v["values"]): v["counts"]
+            (null if v["values"] is None else v["values"]): v["counts"]
             for v in pc.value_counts(values).to_pylist()
         }
     )
@@ -286,7 +291,8 @@ def _sentences(
         if named is not None:
             named.add(b)
         tokens += int(pc.sum(b.column(N_TOKENS)).as_py() or 0)
-        labels.update(_value_counts(b.column(LABEL)))
+        # a null label (a language the model was not trained on) is counted as UNLABELLED
+        labels.update(_value_counts(b.column(LABEL), UNLABELLED))
         risky = pa.Table.from_batches([b]).filter(pc.equal(b.column(LABEL), risk_label))
         if risky.num_rows == 0:
             continue

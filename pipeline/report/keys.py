@@ -5,7 +5,9 @@ imports html to render the page: the other way round would be an import cycle).
 
 from __future__ import annotations
 
-NO_TOP_LABEL = "(no sentences)"  # documents whose top_label is null (empty or failed)
+# documents whose top_label is null: no sentences (empty or failed), or only unlabelled ones
+# (a language the model was not trained on)
+NO_TOP_LABEL = "(no labelled sentences)"
 
 # The audit dict keys the report cannot do without; the others are shown when present.
 REQUIRED_AUDIT_KEYS = ("date", "ran")

@@ -150,7 +150,7 @@ def _sentences_of(tables: RunTables, ids: list[str]) -> dict[str, list[dict]]:
     table = table.sort_by([(DOC_ID, "ascending"), (SENT_INDEX, "ascending")])
     out: dict[str, list[dict]] = {}
     for r in table.to_pylist():
-        r[SCORE] = round(float(r[SCORE]), 6)
+        r[SCORE] = None if r[SCORE] is None else round(float(r[SCORE]), 6)  # null: unlabelled
         out.setdefault(r.pop(DOC_ID), []).append(r)
     return out
 
