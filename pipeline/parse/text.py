@@ -2,7 +2,7 @@
 
 Decoding: a byte-order mark decides (UTF-8, UTF-16 or UTF-32, the mark dropped); else
 valid UTF-8 is UTF-8; else the encoding ``docintel ingest`` detects
-(:func:`docintel.pipeline.input.ingest.detect_encoding`, charset-normalizer), so both commands
+(:func:`docintel.pipeline.input.encoding.detect_encoding`, charset-normalizer), so both commands
 read a file the same way; else UTF-8 with the bad bytes replaced (U+FFFD). A file with NUL
 bytes (and no UTF-16/32 mark) is binary, not text.
 
@@ -49,7 +49,7 @@ def decode(name: str, data: bytes) -> str:
         return _newlines(data.decode("utf-8"))
     except UnicodeDecodeError:
         pass
-    from docintel.pipeline.input.ingest import detect_encoding
+    from docintel.pipeline.input.encoding import detect_encoding
 
     encoding = detect_encoding(data) or "utf-8"
     return _newlines(data.decode(encoding, errors="replace"))
