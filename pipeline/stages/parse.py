@@ -16,8 +16,10 @@ one file's bytes and text at a time (files over ``max_bytes`` are never read).
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.connection
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -58,11 +60,15 @@ class ParseConfig(Settings):
         return ParseLimits(self.max_bytes, self.max_pages, self.ocr, self.max_uncompressed_bytes)
 
 
-def _serve(conn: multiprocessing.connection.Connection, limits: Any) -> None:
-    """The child: parse each (name, bytes) received, answer plain values (no exceptions
-    cross the pipe: their classes need not pickle)."""
+def serve(fd: int) -> None:
+    """The child (``python -c``, so nothing of the parent's ``__main__`` is imported
+    again): parse each (name, bytes) received on the socket ``fd``, answer plain values
+    (no exceptions cross: their classes need not pickle). The first message is the
+    limits."""
     from docintel.pipeline.parse import ParseError, parse_file
 
+    conn = Connection(fd)
+    limits = conn.recv()
     conn.send(("ready", None))
     while True:
         try:
@@ -76,6 +82,9 @@ def _serve(conn: multiprocessing.connection.Connection, limits: Any) -> None:
             conn.send(("error", (type(e).__name__, str(e))))
         except Exception as e:  # a parser bug: still this file's error row, not a crash
             conn.send(("error", (type(e).__name__, f"{name}: {e}")))
+
+
+_CHILD = "import sys; from docintel.pipeline.stages.parse import serve; serve(int(sys.argv[1]))"
 
 
 def _plain(doc: Any) -> dict[str, Any]:
@@ -104,11 +113,13 @@ class _Child:
         self.conn: Any = None
 
     def start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, self.limits), daemon=True)
-        self.proc.start()
-        child.close()
+        mine, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(theirs.fileno())], pass_fds=[theirs.fileno()]
+        )
+        theirs.close()
+        self.conn = Connection(mine.detach())
+        self.conn.send(self.limits)
         if not self.conn.poll(CHILD_START_S):
             self.stop()
             raise RuntimeError(f"the parser process did not start within {CHILD_START_S} s")
@@ -117,12 +128,12 @@ class _Child:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.kill()
-            self.proc.join(5)
+            self.proc.wait(5)
             self.conn.close()
         self.proc = self.conn = None
 
     def parse(self, name: str, data: bytes, limit_s: float) -> tuple[str, Any]:
-        if self.proc is None or not self.proc.is_alive():
+        if self.proc is None or self.proc.poll() is not None:
             self.stop()
             self.start()
         self.conn.send((name, data))
@@ -133,7 +144,7 @@ class _Child:
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            code = self.proc.exitcode if self.proc is not None else None
+            code = self.proc.poll() if self.proc is not None else None
             self.stop()
             return "error", ("ParserCrashed", f"{name}: the parser process died (exit "
                              f"code {code}) on this file; it was restarted")  # fmt: skip
@@ -146,15 +157,26 @@ class Parser(Stage):
     keeps_input: ClassVar[bool] = False
     document_columns: ClassVar[tuple[str, ...]] = DOCUMENT_COLUMNS
 
-    def __init__(self, cfg: ParseConfig) -> None:
+    def __init__(self, cfg: ParseConfig, privacy: Any = None) -> None:
         self.cfg = cfg
+        # a run that redacts ([privacy]): titles (an e-mail's subject, a PDF's metadata)
+        # are redacted here, as the privacy stage redacts the sentences
+        self.privacy = privacy if privacy is not None and privacy.on else None
+        self.redactor: Any = None
         self.child: _Child | None = None
 
     def setup(self) -> None:
+        if self.privacy is not None:
+            self.redactor = self.privacy.redactor()
         self.child = _Child(self.cfg.limits())
         self.child.start()
         self.backend = BACKEND_CPU_FP32
         self.version = _version()
+
+    def _titled(self, d: dict[str, Any]) -> dict[str, Any]:
+        if self.redactor is not None and d["title"]:
+            d = {**d, "title": self.redactor.redact(d["title"])[0]}
+        return d
 
     def teardown(self) -> None:
         if self.child is not None:
@@ -174,7 +196,7 @@ class Parser(Stage):
                 if d["error"] is not None:
                     rejected[one] = d["error"]
                 else:
-                    rows.append(_row(one, d))
+                    rows.append(_row(one, self._titled(d)))
         out = _table(rows)
         if rejected:
             raise DocumentsRejected(rejected, out)
@@ -218,7 +240,7 @@ def _spec() -> Any:
     return StageSpec(
         name=Parser.name,
         cls=Parser,
-        backends={PARSERS: Backend(lambda cfg, _pool: Parser(cfg.parse))},
+        backends={PARSERS: Backend(lambda cfg, _pool: Parser(cfg.parse, cfg.privacy))},
         choose=lambda _cfg, _pool: PARSERS,
         # CPU only; the heaviest CPU stage after the encoder on PDFs (bench/parse_pdf.py)
         pool=PoolDefaults(PARSE_CPUS),
