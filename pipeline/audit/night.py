@@ -28,6 +28,7 @@ from docintel.pipeline.audit.state import (
     commit_state,
     completed,
     drop_incomplete_staging,
+    drop_staged_inputs,
     drop_unmarked_staging,
     parse_date,
     pending_dates,
@@ -219,6 +220,8 @@ def _audit_one(
     audit.lease.renew()  # the state is committed under a claim that is fresh and ours
     audit.lease.check()
     commit_state(lay, day, state, selection, entry, cfg.storage)
+    if cfg.privacy.on:
+        drop_staged_inputs(lay, day)  # the raw text of tonight's documents
     return _summary(audit, entry, selection, models, resumed, run_summary)
 
 

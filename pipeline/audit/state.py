@@ -280,6 +280,17 @@ def drop_unmarked_staging(lay: AuditLayout, day: str) -> None:
             lay.fs.delete_dir(path)
 
 
+def drop_staged_inputs(lay: AuditLayout, day: str) -> None:
+    """After a committed night of a run that redacts: the staged copy of the night's
+    source documents (raw text) goes, so nothing unredacted stays in the audit's output;
+    the selection record and the index stay (a committed night is never re-read)."""
+    keep = {lay.selection(day), lay.pending_index(day)}
+    listed = lay.fs.get_file_info(pafs.FileSelector(lay.staging(day), recursive=True))
+    for info in listed:
+        if info.type == pafs.FileType.File and info.path not in keep:
+            lay.fs.delete_file(info.path)
+
+
 def remove_empty_dirs(lay: AuditLayout, root_existed: bool) -> None:
     """After a failed audit, on a local disk: the folders it left empty (``_audit/inputs``,
     ``_audit``, and the audit root when the audit created it). ``rmdir`` removes only an

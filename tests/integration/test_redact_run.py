@@ -258,3 +258,7 @@ def test_an_audited_night_is_redacted(tmp_path: Path) -> None:
     )
     assert _folder_leaks(night) == {}
     assert _folder_leaks(out / "latest") == {}
+    # the staged copy of the night's source is gone once the night is committed: the
+    # whole audit output holds no value (the source folder is the user's, not ours)
+    assert _folder_leaks(out) == {}
+    assert (out / "_audit" / "inputs" / "run_date=2026-01-01" / "_selection.json").exists()
