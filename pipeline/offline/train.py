@@ -450,6 +450,15 @@ def _how_trained(
     return extra
 
 
+def _seconds(tuned: dict[str, Any] | None, t_embed: float, t0: float) -> dict[str, float]:
+    """The training record's timings: fine-tuning, embedding, and the whole run since ``t0``."""
+    return {
+        "fine_tune": tuned["seconds"] if tuned else 0.0,
+        Embedder.name: round(t_embed, 1),  # the embed stage's time, keyed by its name
+        "total": round(time.perf_counter() - t0, 1),
+    }
+
+
 def train(
     data: Path,
     out: Path,
@@ -500,17 +509,12 @@ def train(
         result, calibration = _save_head(joint_head(layer), x, c, out)
     else:
         result, calibration = _fit_and_save(x, c, out, params, seed, curve)
-    seconds = {
-        "fine_tune": tuned["seconds"] if tuned else 0.0,
-        Embedder.name: round(t_embed, 1),  # the embed stage's time, keyed by its name
-        "total": round(time.perf_counter() - t0, 1),
-    }
+    seconds = _seconds(tuned, t_embed, t0)
     record = _training_record(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
     record[CALIBRATION_KEY] = calibration
-    record |= _how_trained(normalise, more_data, layer, tuned)
-    record[LANGUAGES_KEY] = langs
+    record |= _how_trained(normalise, more_data, layer, tuned) | {LANGUAGES_KEY: langs}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result

@@ -202,13 +202,7 @@ def _run_sections(
     sents = _sentences(tables, risk_label, top_n, scores, named)
     ranked = scores.ranked(changes)
     errs = _errors(tables)
-    unlabelled = sents["label_counts"].pop(UNLABELLED, 0)
-    for lb in sents["label_counts"]:
-        if lb not in labels:
-            labels.append(lb)  # a label the manifest does not name: still counted
-    label_counts = {lb: sents["label_counts"].get(lb, 0) for lb in labels}
-    if unlabelled:  # shown beside the labels, never one of them
-        label_counts[UNLABELLED] = unlabelled
+    label_counts, unlabelled = _label_distribution(labels, sents["label_counts"])
     n_sent = sents["sentences"]
     counts = {
         "documents": docs["documents"],
@@ -244,6 +238,20 @@ def _run_sections(
         "warnings": warnings,
         **(named.result(tables, previous) if named else no_entities()),
     }
+
+
+def _label_distribution(labels: list[str], found: dict[str, int]) -> tuple[dict[str, int], int]:
+    """The sentences per label of ``labels`` (a label ``found`` that the manifest does not
+    name is appended to ``labels``: still counted) with (unlabelled) beside them, never one
+    of them; and the unlabelled count."""
+    unlabelled = found.get(UNLABELLED, 0)
+    for lb in found:
+        if lb not in labels and lb != UNLABELLED:
+            labels.append(lb)  # a label the manifest does not name: still counted
+    label_counts = {lb: found.get(lb, 0) for lb in labels}
+    if unlabelled:
+        label_counts[UNLABELLED] = unlabelled
+    return label_counts, unlabelled
 
 
 def _value_counts(values: pa.Array, null: str = NO_TOP_LABEL) -> Counter[str]:

@@ -63,9 +63,13 @@ def test_prepare_resolves_the_chain_once_and_replicas_build_from_it(
     monkeypatch.setattr(registry, "chain", resolved_again)
     assert p.layout is not None
     built = {s: build_stage(p.chain, pools[0]) for s, pools in p.layout.items()}
-    assert [type(s).__name__ for s in built.values()] == [
-        "Sentencizer", "UserStage", "Embedder", "Classifier",
-    ]  # fmt: skip
+    classes = {
+        "sentencize": "Sentencizer", "language": "LanguageDetector", "keywords": "UserStage",
+        "embed": "Embedder", "classify": "Classifier",
+    }  # fmt: skip
+    assert list(built) == p.chain.names  # one stage per pool, in chain order
+    assert [type(s).__name__ for s in built.values()] == [classes[n] for n in p.chain.names]
+    assert p.chain.names.index("keywords") < p.chain.names.index("embed")  # where listed
     assert all(pools[0].kind == CPU_POOL for pools in p.layout.values())
     # the split cap: only the stage that makes sentence rows splits its results
     caps = {s: p.chain.split_cap(s) for s in p.stages}

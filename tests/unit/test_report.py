@@ -219,6 +219,7 @@ def test_report_json_matches_the_tables(
         "sentences": len(sents),
         "errors": len(errs),
         "tokens": int(sents["n_tokens"].sum()),
+        "unlabelled": int(sents["label"].isna().sum()),  # counted beside the labels
     }
     assert rep["label_distribution"] == {lb: int((sents.label == lb).sum()) for lb in LABELS}
     assert sum(rep["label_shares"].values()) == pytest.approx(1.0)
