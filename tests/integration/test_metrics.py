@@ -12,6 +12,7 @@ from pathlib import Path
 import ray
 
 from docintel.actors.runner import execute
+from docintel.pipeline import registry
 from tests.conftest import run_config, write_docs
 
 EXPORT_WAIT_S = 60  # Ray's agents push metrics every few seconds
@@ -58,21 +59,18 @@ def test_run_metrics_reach_rays_prometheus_endpoint(
             break
         time.sleep(2)
     assert written == summary.documents == 20
+    stages = registry.chain(cfg).names
     per_stage = {_label(k, "stage"): v for k, v in batches.items()}
-    assert per_stage == dict.fromkeys(("sentencize", "embed", "classify"), summary.batches)
+    assert per_stage == dict.fromkeys(stages, summary.batches)
     assert all(_label(k, "pool") == "cpu" for k in batches)
     sentences = _samples(text, "ray_docintel_sentences_total", "metrics1")
     assert {_label(k, "stage"): v for k, v in sentences.items()}["embed"] == summary.sentences
     # the gauges exist for the run: replicas per pool, busy fraction per replica
     replicas = _samples(text, "ray_docintel_replicas", "metrics1")
-    assert {_label(k, "stage") for k, v in replicas.items() if v >= 1} == {
-        "sentencize",
-        "embed",
-        "classify",
-    }
+    assert {_label(k, "stage") for k, v in replicas.items() if v >= 1} == set(stages)
     busy = _samples(text, "ray_docintel_replica_busy_fraction", "metrics1")
     assert busy and all(0.0 <= v <= 1.0 for v in busy.values())
     # the manifest lists the same replicas, with what each served
     served = {r["stage"]: r["batches"] for r in manifest["replicas"]}
-    assert served == dict.fromkeys(("sentencize", "embed", "classify"), summary.batches)
+    assert served == dict.fromkeys(stages, summary.batches)
     assert all(r["node"] and r["joined"] and r["left"] for r in manifest["replicas"])
