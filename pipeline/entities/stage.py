@@ -45,8 +45,8 @@ from pydantic import Field
 
 from docintel.pipeline.artefacts.paths import TEMP_PREFIX, cache_dir, install
 from docintel.pipeline.artefacts.versions import file_digest
-from docintel.pipeline.entities.compiled import CompiledLists, compile_lists
-from docintel.pipeline.entities.lists import load_list
+from docintel.pipeline.entities.compiled import CompiledLists, compile_watch_lists
+from docintel.pipeline.entities.lists import WatchList, load_list
 from docintel.pipeline.entities.matcher import Match, Matcher
 from docintel.pipeline.errors import ConfigError
 from docintel.pipeline.schema import (
@@ -106,6 +106,13 @@ class ListSummary:
 
 
 _SUMMARIES: dict[str, ListSummary] = {}  # by (stem, content hash): each list read once
+# The lists check_lists read, kept for the compile that may follow (so a run that compiles
+# reads each list once) and dropped by it, or once the stage's replicas are built.
+_LOADED: dict[str, WatchList] = {}
+
+
+def _key(path: Path) -> str:
+    return f"{path.stem}:{file_digest(path)}"
 
 
 def list_paths(cfg: Config) -> list[Path]:
@@ -120,14 +127,13 @@ def check_lists(paths: Sequence[Path]) -> list[ListSummary]:
     out, seen = [], {}
     for path in paths:
         try:
-            digest = file_digest(path)
+            key = _key(path)
         except OSError as e:
             raise ConfigError(f"watch list {path}: unreadable file: {e.strerror or e}") from e
-        key = f"{path.stem}:{digest}"
         if key not in _SUMMARIES:
-            wl = load_list(path)
+            wl = _LOADED[key] = load_list(path)
             names = sum(1 + len(a) for a in wl.aliases)
-            _SUMMARIES[key] = ListSummary(path.stem, digest, len(wl), names)
+            _SUMMARIES[key] = ListSummary(path.stem, key.split(":", 1)[1], len(wl), names)
         if path.stem in seen:
             raise ConfigError(
                 f"watch lists {seen[path.stem]} and {path} have the same name {path.stem!r} "
@@ -171,7 +177,10 @@ def compiled_path(cfg: Config) -> Path:
 def build_compiled(paths: Sequence[Path], target: Path) -> Path:
     """Compile the lists into ``target``: staged under a hidden name, renamed into place
     whole, its checksum beside it (pipeline/artefacts/paths.py, ``install``)."""
-    compiled = compile_lists(paths)
+    kept = [_LOADED.pop(_key(p), None) for p in paths]
+    lists = [wl if wl is not None else load_list(p) for wl, p in zip(kept, paths, strict=True)]
+    compiled = compile_watch_lists(lists)
+    _LOADED.clear()
     target.parent.mkdir(parents=True, exist_ok=True)
     staged = target.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{target.name}")
     with staged.open("wb") as f:
@@ -183,6 +192,12 @@ def _artefacts(cfg: Config) -> list[Artefact]:
     path = compiled_path(cfg)
     build = partial(build_compiled, list_paths(cfg), path)
     return [Artefact("compiled watch lists", path, build, exported=False)]
+
+
+def _matcher(cfg: Config) -> EntityMatcher:
+    """The stage one replica holds (config only); the lists read on the driver are dropped."""
+    _LOADED.clear()
+    return EntityMatcher(cfg.entities, compiled_path(cfg), lists_version(cfg))
 
 
 def _check(cfg: Config) -> StageFacts:
@@ -257,7 +272,7 @@ ENTITIES_SPEC = StageSpec(
     cls=EntityMatcher,
     backends={
         AUTOMATON: Backend(
-            lambda cfg, _pool: EntityMatcher(cfg.entities, compiled_path(cfg), lists_version(cfg)),
+            lambda cfg, _pool: _matcher(cfg),
             _artefacts,
         )
     },

@@ -23,6 +23,7 @@ from docintel.pipeline.schema import (
     ENTITIES,
     ENTITIES_TYPE,
     ENTITY_IDS,
+    LABEL,
     PROBS,
     TEXT,
     TRUNCATED,
@@ -74,7 +75,8 @@ def test_the_stage_joins_the_chain_only_with_lists_after_sentencize(tmp_path: Pa
     assert names.index("sentencize") < names.index("entities") < names.index("embed")
     # CPU replicas only, light: the 2-core layout still leaves the I/O tasks their share
     layout = stage_layout(_cfg(_list(tmp_path)), ClusterShape.of(2))
-    assert [(p.kind, p.replicas, p.cpus) for p in layout["entities"]] == [("cpu", 1, 0.1)]
+    ((kind, replicas, cpus),) = [(p.kind, p.replicas, p.cpus) for p in layout["entities"]]
+    assert (kind, replicas) == ("cpu", 1) and 0 < cpus <= es.ENTITIES_CPUS
     listed = _cfg(_list(tmp_path), **{"pipeline.stages": ["sentencize", "embed", "classify"]})
     assert "entities" in registry.chain(listed).names
     with pytest.raises(ConfigError, match=r"'entities'.*--watch-list"):
@@ -175,6 +177,7 @@ def _batch(entities: list[list[dict]] | None) -> Batch:
         DOC_ID: pa.array(["d1", "d1", "d3"]),
         TEXT: pa.array(["x", "y", "z"]),
         TRUNCATED: pa.array([False] * n),
+        LABEL: pa.array(["Bearish"] * n),
         PROBS: pa.FixedSizeListArray.from_arrays(pa.array([1.0, 0.0] * n, pa.float32()), 2),
     }
     if entities is not None:
