@@ -10,6 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from docintel.actors.runner import execute
+from docintel.pipeline import registry
 from docintel.pipeline.formats.parquet import ParquetPartsSink, part_path
 from docintel.pipeline.output import compact
 from tests.conftest import assert_exactly_once, run_config, write_docs
@@ -82,7 +83,7 @@ def test_small_parts_are_merged_into_groups_near_the_target(
             .equals(b.drop(columns=["embedding"], errors="ignore").reset_index(drop=True))
         )
     assert manifest["counts"] == plain_manifest["counts"]
-    assert manifest["stages"] == ["sentencize", "embed", "classify"]  # the chain, in order
+    assert manifest["stages"] == registry.chain(run_config()).names  # the chain, in order
 
 
 def _staged_crash(out: Path, keep_members: bool, drop_merged_documents: bool) -> None:
