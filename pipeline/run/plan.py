@@ -39,6 +39,7 @@ from docintel.pipeline.run.layout import (
     detect_gpus,
     expected_shape,
 )
+from docintel.pipeline.schema import PARQUET_SOURCE
 
 
 @dataclass
@@ -139,7 +140,8 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     The cluster's shape (GPUs detected once) and the stage layout are computed here and
     carried in the plan."""
     fs, files = resolve_input(input_uri, cfg.storage)  # a listing: which kind of input
-    kind = "documents" if files and files[0].document else "parquet"
+    # what [input] kind names: Parquet files (the source format "parquet") or documents
+    kind = "documents" if files and files[0].document else PARQUET_SOURCE
     if cfg.input.kind not in ("auto", kind):
         raise InputError(
             f"[input] kind is {cfg.input.kind!r} but INPUT {input_uri!r} holds {kind} files"
