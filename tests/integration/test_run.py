@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from docintel.actors.runner import execute
+from docintel.pipeline import registry
 from docintel.pipeline.errors import UsageError
 from docintel.pipeline.stages.sentencize import joined
 from tests.conftest import assert_exactly_once, run_config, write_docs
@@ -48,11 +49,11 @@ def test_mixed_corpus_every_document_once(tmp_path: Path, headlines: list[str]) 
     # the counts in documents/ agree with the rows in sentences/
     per_doc = sents.groupby("doc_id").size()
     assert per_doc.reindex(docs.index, fill_value=0).tolist() == docs.n_sentences.tolist()
-    label_cols = [
-        c for c in docs.columns if c.startswith("n_") and c not in ("n_sentences", "n_truncated")
-    ]
+    not_labels = ("n_sentences", "n_truncated", "n_unlabelled", "n_pages")
+    label_cols = [c for c in docs.columns if c.startswith("n_") and c not in not_labels]
     assert sorted(label_cols) == ["n_bearish", "n_bullish", "n_neutral"]
-    assert (docs[label_cols].sum(axis=1) == docs.n_sentences).all()
+    # each sentence counted once: under its label, or unlabelled (a language not trained on)
+    assert (docs[label_cols].sum(axis=1) + docs.n_unlabelled == docs.n_sentences).all()
     # character offsets point into the original text (its line breaks joined when stored)
     originals = dict(zip(ids_a + ids_b, normal + hostile, strict=True))
     for row in sents.itertuples():
@@ -141,7 +142,8 @@ def test_rerun_and_resume_redo_only_missing_batches(tmp_path: Path, headlines: l
     resumed = execute(cfg, str(inp), str(out))
     assert resumed.batches == 2 and resumed.skipped_batches == 4
     # every batch of the run is counted per backend, the resumed ones from their rows
-    for stage in ("sentencize", "embed", "classify"):
+    assert set(resumed.backends) == set(registry.chain(cfg).names)
+    for stage in resumed.backends:
         assert sum(resumed.backends[stage].values()) == 6, resumed.backends
     after = assert_exactly_once(out, ids)
     key = ["doc_id", "sent_index"]
