@@ -10,10 +10,18 @@ import ray
 
 from docintel.actors.cluster import actor_name
 from docintel.actors.runner import execute
+from docintel.pipeline import registry
 from docintel.pipeline.config import Config
 from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+GPU_STAGES = ("sentencize", "embed", "classify")  # the stages given GPU replicas here
+
+
+def _cpu_only(cfg: Config) -> list[str]:
+    """The chain's CPU-only stages (language, ...): a CPU pool in every spill mode."""
+    return [n for n in registry.chain(cfg).names if n not in GPU_STAGES]
 
 
 def _gpu_config(run_id: str, int8: Path, spill: str = "auto", **more: object) -> Config:
@@ -24,7 +32,7 @@ def _gpu_config(run_id: str, int8: Path, spill: str = "auto", **more: object) ->
         "run.batch_size": 2,
         "resources.embed.cpus": 0.5,  # 2 CPUs: CPU pools 1.0 + GPU replicas 0.3 + I/O
     }
-    for stage in ("sentencize", "embed", "classify"):
+    for stage in GPU_STAGES:
         overrides[f"resources.{stage}.gpu_replicas"] = 1
         overrides[f"resources.{stage}.gpu_cpus"] = 0.1
     overrides.update(more)
@@ -54,7 +62,7 @@ def test_saturated_gpu_pools_spill_to_cpu_and_all_share_one_gpu(
         if seen:
             return
         pids = {}
-        for stage in ("sentencize", "embed", "classify"):
+        for stage in GPU_STAGES:
             handle = ray.get_actor(actor_name("spill1", f"{stage}/gpu/0"))
             pids[stage] = ray.get(handle.ready.remote())["pid"]
         seen["gpu_actors"] = pids
@@ -94,7 +102,8 @@ def test_without_saturation_nothing_spills(
     execute(cfg, str(inp), str(out))
     assert_exactly_once(out, ids)
     backends = _backends(out)
-    assert all(set(b) == {"gpu-sim"} for b in backends.values()), backends
+    assert all(set(backends[s]) == {"gpu-sim"} for s in GPU_STAGES), backends
+    assert all(set(backends[s]) == {"cpu-fp32"} for s in _cpu_only(cfg)), backends
 
 
 @pytest.mark.parametrize(
@@ -110,6 +119,7 @@ def test_modes_use_only_their_pool(
     tables = assert_exactly_once(out, ids)
     onnx = {"cpu-fp32": "cpu-fp32-onnx"}.get(expected, expected)
     want = {"sentencize": expected, "embed": onnx, "classify": onnx}
+    want.update(dict.fromkeys(_cpu_only(cfg), "cpu-fp32"))  # their CPU pool in every mode
     assert {stage: set(b) for stage, b in _backends(out).items()} == {
         stage: {b} for stage, b in want.items()
     }
@@ -133,7 +143,9 @@ def test_gpu_and_int8_cpu_replicas_agree_on_labels(
         )
         execute(cfg, str(inp), str(out))
         sents = assert_exactly_once(out, ids)["sentences"].sort_values(["doc_id", "sent_index"])
-        labels[spill] = sents.label.to_numpy()
+        # a sentence in another language has a null label in both (one CPU language pool
+        # in every mode): null compared as a value, it agrees
+        labels[spill] = sents.label.fillna("(unlabelled)").to_numpy()
         expected = "gpu-sim" if spill == "gpu-only" else "cpu-int8"
         assert set(sents.embed_backend) == set(sents.classify_backend) == {expected}
     assert len(labels["gpu-only"]) == len(labels["cpu-only"]) >= 400
@@ -145,16 +157,25 @@ def test_gpus_by_default_every_stage_gets_a_replica_on_the_card(
     tmp_path: Path, headlines: list[str]
 ) -> None:
     """No pool config ("auto"): the cluster's one (logical) GPU gets one replica of every
-    stage; on two cores the GPU replicas and I/O leave too little for CPU replicas."""
-    stages = ("sentencize", "embed", "classify")
+    GPU stage; on two cores the GPU replicas and I/O leave too little for their CPU
+    replicas (a CPU-only stage keeps its one)."""
+    stages = GPU_STAGES
     inp, ids = _corpus(tmp_path, headlines, n=8, row_group=4)
     out = tmp_path / "out"
     auto = {f"resources.{s}.gpu_replicas": "auto" for s in stages}
-    summary = execute(run_config(**{"run.run_id": "auto1"}, **auto), str(inp), str(out))
-    assert summary.replicas == {s: {"gpu": 1} for s in stages}
-    assert _backends(out) == {s: {"gpu-sim": summary.batches} for s in stages}
+    cfg = run_config(**{"run.run_id": "auto1"}, **auto)
+    cpu_only = _cpu_only(cfg)  # no GPU share declared: their one CPU replica each
+    summary = execute(cfg, str(inp), str(out))
+    assert summary.replicas == {
+        **{s: {"gpu": 1} for s in stages},
+        **{s: {"cpu": 1} for s in cpu_only},
+    }
+    assert _backends(out) == {
+        **{s: {"gpu-sim": summary.batches} for s in stages},
+        **{s: {"cpu-fp32": summary.batches} for s in cpu_only},
+    }
     assert_exactly_once(out, ids)
     replicas = json.loads((out / "_manifest.json").read_text())["replicas"]
-    assert sorted((r["stage"], r["pool"], r["backend"]) for r in replicas) == [
-        (s, "gpu", "gpu-sim") for s in sorted(stages)
-    ]
+    assert sorted((r["stage"], r["pool"], r["backend"]) for r in replicas) == sorted(
+        [(s, "gpu", "gpu-sim") for s in stages] + [(s, "cpu", "cpu-fp32") for s in cpu_only]
+    )

@@ -21,7 +21,7 @@ from tests.conftest import assert_exactly_once, run_config, write_docs
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-STAGES = ("sentencize", "embed", "classify")
+STAGES = ("sentencize", "embed", "classify")  # the stages given GPU replicas here
 BATCH = 2
 
 
@@ -95,7 +95,9 @@ def test_without_saturation_nothing_spills_and_nothing_queues(
     cfg = _config("calm2", 0.3, **{"run.max_batches_in_flight": 1})
     replicas, held, backends = _run(caplog, cfg, inp, out)
     assert_exactly_once(out, ids)
-    assert all(set(b) == {"gpu-sim"} for b in backends.values()), backends
+    assert all(set(backends[s]) == {"gpu-sim"} for s in STAGES), backends
+    # a CPU-only stage (language, ...) has no GPU pool to spill from: its CPU pool runs all
+    assert all(set(b) == {"cpu-fp32"} for s, b in backends.items() if s not in STAGES)
     for stage in STAGES:
         assert replicas[f"{stage}/cpu/0"]["calls"] == 0
         gpu = replicas[f"{stage}/gpu/0"]
