@@ -117,7 +117,9 @@ def test_submit_runs_the_batch_job_on_the_cluster(
     assert manifest["counts"]["documents"] == N_DOCS
     assert manifest["config"]["run"]["ray_address"].endswith(f":{ray_head.gcs_port}")
     assert manifest["config"]["run"]["batch_size"] == 5
-    assert set(manifest["backends"]) == {"sentencize", "embed", "classify"}
+    # every stage of the chain counted its batches
+    assert set(manifest["backends"]) == set(manifest["stages"])
+    assert {"sentencize", "embed", "classify"} <= set(manifest["stages"])
 
 
 def test_failed_job_exits_with_the_entrypoint_code_and_reason(
