@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -370,3 +371,38 @@ def fmt(x: float | None, digits: int) -> str:
 
 def md_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+# --- A/B runs of two sides, alternating (the *_cost.py benches) ------------------------------
+
+
+def ab_orders(rounds: int) -> list[tuple[int, str]]:
+    """(round, side) in run order: A B, B A, A B, ... (both sides see the same load)."""
+    return [(r, s) for r in range(1, rounds + 1) for s in (("A", "B") if r % 2 else ("B", "A"))]
+
+
+def median_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def ab_medians(rows: list[dict], side: str, keys: Iterable[str]) -> dict[str, float | None]:
+    return {k: median_known(r[k] for r in rows if r["side"] == side) for k in keys}
+
+
+def ab_table(
+    rows: list[dict], columns: dict[str, str], digits: int = 1, over: tuple[str, str] = ("B", "A")
+) -> str:
+    """Markdown: every run, each side's median, and the ratio ``over[0] / over[1]`` of the
+    medians per column."""
+    head = ["round", "side", *columns.values()]
+    lines = [md_row(head), md_row(["---:"] * len(head))]
+    for r in rows:
+        lines.append(md_row([str(r["round"]), r["side"], *(fmt(r[c], digits) for c in columns)]))
+    med = {side: ab_medians(rows, side, columns) for side in ("A", "B")}
+    for side in ("A", "B"):
+        lines.append(md_row(["median", side, *(fmt(med[side][c], digits) for c in columns)]))
+    top, bottom = med[over[0]], med[over[1]]
+    ratio = [fmt(top[c] / bottom[c], 3) if top[c] and bottom[c] else "—" for c in columns]
+    lines.append(md_row([f"{over[0]} / {over[1]}", "", *ratio]))
+    return "\n".join(lines)

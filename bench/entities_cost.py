@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -52,11 +51,11 @@ from common import (
     REPO,
     SAMPLE_INTERVAL_S,
     TreeSampler,
+    ab_orders,
+    ab_table,
     docintel_executable,
-    fmt,
     load_average,
     machine_lines,
-    md_row,
 )
 from pipeline_vs_loop import build_long_corpus
 
@@ -142,35 +141,6 @@ def one_run(side: str, corpus: Path, watch: Path, work: Path, cache: Path, i: in
     }
 
 
-def orders(rounds: int) -> list[tuple[int, str]]:
-    """(round, side) in run order: A B, B A, A B, ..."""
-    return [(r, s) for r in range(1, rounds + 1) for s in (("A", "B") if r % 2 else ("B", "A"))]
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown: every run, each side's median, and B/A of the medians."""
-    head = ["round", "side", *COLUMNS.values()]
-    lines = [md_row(head), md_row(["---:"] * len(head))]
-    for r in rows:
-        lines.append(md_row([str(r["round"]), r["side"], *(fmt(r[c], 1) for c in COLUMNS)]))
-    med: dict[str, dict[str, float | None]] = {}
-    for side in ("A", "B"):
-        mine = [r for r in rows if r["side"] == side]
-        med[side] = {c: _median([r[c] for r in mine]) for c in COLUMNS}
-        cells = [fmt(med[side][c], 1) for c in COLUMNS]
-        lines.append(md_row(["median", side, *cells]))
-    ratio = [
-        fmt(med["B"][c] / med["A"][c], 3) if med["A"][c] and med["B"][c] else "—" for c in COLUMNS
-    ]
-    lines.append(md_row(["B / A", "", *ratio]))
-    return "\n".join(lines)
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="A/B pairs, alternating order")
@@ -193,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print("warm-up run (A, not counted: builds the derived ONNX models)", flush=True)
     one_run("A", corpus, watch, work, cache, 0)
     rows = []
-    for r, side in orders(args.rounds):
+    for r, side in ab_orders(args.rounds):
         row = {"round": r, "side": side, **one_run(side, corpus, watch, work, cache, r)}
         rows.append(row)
         print(f"  round {r} {side}: {row['wall']:.1f} s wall, {row['tree_cpu']:.1f} CPU-s, "
@@ -202,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in machine_lines():
         print(line)
     print(f"load average at the end: {load_average()}\n")
-    print(table(rows))
+    print(ab_table(rows, COLUMNS, 1, ("B", "A")))
     return 0
 
 

@@ -42,11 +42,12 @@ from common import (
     SAMPLE_INTERVAL_S,
     TreePeak,
     TreeSampler,
+    ab_orders,
+    ab_table,
     docintel_executable,
-    fmt,
     load_average,
     machine_lines,
-    md_row,
+    median_known,
 )
 from parse_pdf import make_pdfs
 
@@ -138,39 +139,10 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path, flo
     return folder, parquet, warm, ingest_s
 
 
-def orders(rounds: int) -> list[tuple[int, str]]:
-    """(round, side) in run order: A B, B A, A B, ..."""
-    return [(r, s) for r in range(1, rounds + 1) for s in (("A", "B") if r % 2 else ("B", "A"))]
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def medians(rows: list[dict], side: str, keys: list[str]) -> dict[str, float | None]:
-    return {k: _median([r[k] for r in rows if r["side"] == side]) for k in keys}
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown: every run, each side's median, and A/B of the medians."""
-    head = ["round", "side", *COLUMNS.values()]
-    lines = [md_row(head), md_row(["---:"] * len(head))]
-    for r in rows:
-        lines.append(md_row([str(r["round"]), r["side"], *(fmt(r[c], 2) for c in COLUMNS)]))
-    med = {side: medians(rows, side, list(COLUMNS)) for side in SIDES}
-    for side in SIDES:
-        lines.append(md_row(["median", side, *(fmt(med[side][c], 2) for c in COLUMNS)]))
-    ratio = [fmt(med["A"][c] / med["B"][c], 3) if med["A"][c] and med["B"][c] else "—"
-             for c in COLUMNS]  # fmt: skip
-    lines.append(md_row(["A / B", "", *ratio]))
-    return "\n".join(lines)
-
-
 def share(rows: list[dict]) -> list[str]:
     """The parse stage's share of the PDF runs (medians of side A)."""
     a = [r for r in rows if r["side"] == "A"]
-    b_cpu = _median([r["tree_cpu"] for r in rows if r["side"] == "B"]) or 0.0
+    b_cpu = median_known([r["tree_cpu"] for r in rows if r["side"] == "B"]) or 0.0
 
     def med(f: Callable[[dict], float]) -> float:
         return statistics.median(f(r) for r in a)
@@ -210,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     one_run("B", warm, work, 0)
     print("warm-up run done (B, two documents, not counted)", flush=True)
     rows = []
-    for r, side in orders(args.rounds):
+    for r, side in ab_orders(args.rounds):
         source = folder if side == "A" else parquet
         row = {"round": r, "side": side, **one_run(side, source, work, r)}
         rows.append(row)
@@ -223,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(f"load average at the end: {load_average()}\n")
     print("A = " + SIDES["A"] + ", B = " + SIDES["B"] + "\n")
-    print(table(rows))
+    print(ab_table(rows, COLUMNS, 2, ("A", "B")))
     print("\nThe parse stage's share of the PDF runs (A, medians):")
     print("\n".join(share(rows)))
     return 0
