@@ -10,6 +10,7 @@ Imported as ``common`` by scripts that run from the repository root with ``bench
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shlex
 import shutil
@@ -406,3 +407,23 @@ def ab_table(
     ratio = [fmt(top[c] / bottom[c], 3) if top[c] and bottom[c] else "—" for c in columns]
     lines.append(md_row([f"{over[0]} / {over[1]}", "", *ratio]))
     return "\n".join(lines)
+
+
+def sampled_docintel_run(
+    cmd: list[str], out: Path, what: str, env: dict[str, str] | None = None, **sampling: bool
+) -> tuple[float, TreePeak, dict, str, int]:
+    """Run ``cmd`` (a ``docintel run`` into ``out``) with its process tree sampled every
+    SAMPLE_INTERVAL_S: its wall seconds, the samples, the run's manifest, its stderr and
+    the driver's pid; exits naming ``what`` with the stderr tail when it fails.
+    ``sampling``: TreeSampler's flags."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL_S, **sampling)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    peak = sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed ({proc.returncode}):\n{err[-3000:]}")
+    return wall, peak, json.loads((out / "_manifest.json").read_text()), err, proc.pid

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,14 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, pipe
 
 from common import (
     MIB,
-    REPO,
-    SAMPLE_INTERVAL_S,
-    TreeSampler,
     ab_orders,
     ab_table,
     docintel_executable,
     load_average,
     machine_lines,
+    sampled_docintel_run,
 )
 from pipeline_vs_loop import build_long_corpus
 
@@ -109,17 +105,9 @@ def one_run(side: str, corpus: Path, watch: Path, work: Path, cache: Path, i: in
         shutil.rmtree(cache / "entities", ignore_errors=True)  # every B run compiles
         cmd += ["--watch-list", str(watch)]
     env = {**os.environ, "DOCINTEL_CACHE_DIR": str(cache)}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL_S, detail=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    peak = sampler.stop()
-    if proc.returncode != 0:
-        raise SystemExit(f"run {i} {side} failed ({proc.returncode}):\n{err[-3000:]}")
-    manifest = json.loads((out / "_manifest.json").read_text())
+    wall, peak, manifest, err, driver = sampled_docintel_run(
+        cmd, out, f"run {i} {side}", env, detail=True
+    )
     pids = {r.get("pid") for r in manifest["replicas"] if r["stage"] == "entities"} - {None}
     rss = [p.rss for s in peak.timeline for p in s.procs if p.pid in pids]
     cpu: dict[int, float] = {}
@@ -132,7 +120,7 @@ def one_run(side: str, corpus: Path, watch: Path, work: Path, cache: Path, i: in
         "wall": wall,
         "run_wall": timings["wall_seconds"],
         "tree_cpu": peak.cpu_s,
-        "driver_cpu": cpu.get(proc.pid),
+        "driver_cpu": cpu.get(driver),
         "replica_cpu": sum(cpu.get(pid, 0.0) for pid in pids) if pids else None,
         "stage": timings["stage_seconds"].get("entities"),
         "compile": float(built.group(1)) if built else None,

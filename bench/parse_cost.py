@@ -22,7 +22,6 @@ Run from the repository root (needs chromium for the PDFs):
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import statistics
@@ -39,15 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, pars
 
 from common import (
     REPO,
-    SAMPLE_INTERVAL_S,
     TreePeak,
-    TreeSampler,
     ab_orders,
     ab_table,
     docintel_executable,
     load_average,
     machine_lines,
     median_known,
+    sampled_docintel_run,
 )
 from parse_pdf import make_pdfs
 
@@ -92,17 +90,7 @@ def one_run(side: str, source: Path, work: Path, i: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [docintel_executable(), "run", str(source), str(out), "--no-progress",
            "--run-id", RUN_ID]  # fmt: skip
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL_S, detail=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    peak = sampler.stop()
-    if proc.returncode != 0:
-        raise SystemExit(f"run {i} {side} failed ({proc.returncode}):\n{err[-3000:]}")
-    manifest = json.loads((out / "_manifest.json").read_text())
+    wall, peak, manifest, _, _ = sampled_docintel_run(cmd, out, f"run {i} {side}", detail=True)
     shutil.rmtree(out, ignore_errors=True)
     timings, counts = manifest["timings"], manifest["counts"]
     docs, stages = counts["documents"], timings["stage_seconds"]

@@ -28,10 +28,8 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,9 +40,6 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, pipeline_vs_loop
 
 from common import (
-    REPO,
-    SAMPLE_INTERVAL_S,
-    TreeSampler,
     ab_orders,
     ab_table,
     docintel_executable,
@@ -52,6 +47,7 @@ from common import (
     load_average,
     machine_lines,
     median_known,
+    sampled_docintel_run,
 )
 from pipeline_vs_loop import build_long_corpus
 
@@ -94,17 +90,7 @@ def one_run(side: str, corpus: Path, work: Path, cache: Path, i: int) -> dict:
     if side == "B":
         cmd.append("--redact")
     env = {**os.environ, "DOCINTEL_CACHE_DIR": str(cache)}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL_S, cpu=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    peak = sampler.stop()
-    if proc.returncode != 0:
-        raise SystemExit(f"run {i} {side} failed ({proc.returncode}):\n{err[-3000:]}")
-    manifest = json.loads((out / "_manifest.json").read_text())
+    wall, peak, manifest, _, _ = sampled_docintel_run(cmd, out, f"run {i} {side}", env, cpu=True)
     timings = manifest["timings"]
     placeholders = 0
     if side == "B":
