@@ -169,7 +169,10 @@ def _some(names: list[str]) -> str:
 
 
 _PARQUET = (".parquet", ".parq", ".pq")
-_INGEST_HINT = "`docintel ingest DIR FILE.parquet` turns a folder of .txt/.md files into Parquet."
+_INGEST_HINT = (
+    "`docintel ingest DIR FILE.parquet` reads a folder of documents into Parquet (a name "
+    "that is not UTF-8 becomes %XX in its doc_id)."
+)
 
 
 def _entry_path(e: pafs.FileInfo) -> tuple[str, bool]:

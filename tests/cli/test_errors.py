@@ -33,10 +33,13 @@ def text_folder(tmp_path: Path) -> Path:
 def test_run_on_a_folder_of_text_files_with_a_latin1_name_exits_2(
     text_folder: Path, tmp_path: Path
 ) -> None:
+    """The folder is document input (run reads .txt directly), but a name that is not
+    UTF-8 cannot be opened through pyarrow: refused before any work, naming it escaped,
+    with ingest (which escapes such names) as the way."""
     r = docintel("run", text_folder, tmp_path / "out", COLUMNS="80")
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    line = _one_line_with(r.stderr, "caf\\xe9.txt", "notes.txt", "`docintel ingest DIR")
+    line = _one_line_with(r.stderr, "caf\\xe9.txt", "not UTF-8", "`docintel ingest DIR")
     assert line.startswith("docintel: usage error:")
     assert not (tmp_path / "out").exists()
 

@@ -14,12 +14,13 @@ from tests.conftest import REPO
 # writes: names no checkout holds.
 PLACEHOLDERS = {
     "corpus/", "out/run1", "my_reports/", "reports.parquet", "out/", "audits", "in.csv",
-    "labelled.csv", "my-head", "my-model", "watch.txt", ".",
+    "labelled.csv", "my-head", "my-model", "watch.txt", ".", "clients.csv", "pep.parquet",
 }  # fmt: skip
 # Options whose value is no path.
 NOT_A_PATH = {
     "--label", "--doc-id", "--date", "--run-id", "--address", "--ray-address", "--out",
     "--text-column", "--id-column", "--label-names", "--encoder", "--top", "--gpus",
+    "--entity",
 }  # fmt: skip
 NOT_A_PATH_WORD = re.compile(r"raysubmit_\w+|default|.* .*|\w+://\S*")  # ids, queries, URLs
 
