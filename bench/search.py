@@ -91,7 +91,10 @@ def _part(rng: np.random.Generator, centres: np.ndarray, start: int, n: int) -> 
     for s in STAGES:
         cols[f"{s}_model"] = pa.array(["synthetic"] * n)
     schema = sentences_schema(centres.shape[1], STAGES)
-    return pa.table(cols).cast(schema)
+    for f in schema:  # the contract's columns a synthetic sentence has no value for: null
+        if f.name not in cols:
+            cols[f.name] = pa.nulls(n, f.type)
+    return pa.table(cols).select(schema.names).cast(schema)
 
 
 def write_fake_output(root: Path, n: int, seed: int = 0, dim: int = DIM) -> Path:
