@@ -45,7 +45,7 @@ from docintel.pipeline.config import (
     load_config,
 )
 from docintel.pipeline.errors import ConfigError
-from docintel.pipeline.registry import BUILTIN, BUILTIN_NAMES
+from docintel.pipeline.registry import BUILTIN
 from docintel.pipeline.run.layout import (
     CPU_POOL,
     GPU_POOL,
@@ -55,7 +55,10 @@ from docintel.pipeline.run.layout import (
     stage_layout,
 )
 
-STAGES = BUILTIN_NAMES
+# The stages the cluster configs size GPU and spill pools for: those with a share of a
+# card (the optional and CPU-only stages, parse, privacy, entities, language, run in CPU
+# pools the layout sizes alone).
+STAGES = tuple(s.name for s in BUILTIN if s.pool.gpu_share)
 INT8_STAGES = tuple(s.name for s in BUILTIN if s.int8)  # stages with an int8 CPU backend
 
 REPO = Path(__file__).resolve().parents[2]
