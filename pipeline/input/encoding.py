@@ -4,8 +4,19 @@ mistakes for another script. A leaf module: nothing of docintel below it."""
 
 from __future__ import annotations
 
+import codecs
 import string
 import unicodedata
+
+# Byte-order marks and the codec each names (a file with one is decoded by it, the mark
+# dropped; utf-8-sig is what ingest's encoding column records for UTF-8 with a mark).
+BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 # Ties between encodings that charset-normalizer finds equally plausible (short texts:
 # Latin-1 French reads as cp1250 or cp775 as well as cp1252) go to the most used one.

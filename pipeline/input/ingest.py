@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from docintel.pipeline.errors import InputError, OutputError, RunFailed
 from docintel.pipeline.input.documents import DOCUMENT_SUFFIXES
-from docintel.pipeline.input.encoding import detect_encoding
+from docintel.pipeline.input.encoding import BOMS, detect_encoding
 from docintel.pipeline.schema import DOC_ID, PAGE_STARTS, SOURCE_FORMAT, TEXT, TITLE
 
 # Row groups are the unit a run reads (docintel.pipeline.input.source): a few thousand documents
@@ -85,13 +85,6 @@ SCHEMA = pa.schema(
 DEFAULT_PATTERNS = tuple(f"*{suffix}" for suffix in DOCUMENT_SUFFIXES)
 NOT_A_DOCUMENT = f"not a document type docintel reads ({', '.join(DOCUMENT_SUFFIXES)})"
 UTF8 = "utf-8"
-_BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
 # Undecodable bytes (lone surrogates from surrogateescape) and control characters other
 # than the whitespace, backspace and escape that real text files carry.
 _NOT_TEXT = re.compile("[\udc80-\udcff\x00-\x07\x0e-\x1a\x1c-\x1f\x7f]")
@@ -328,7 +321,7 @@ def _decode_not_utf8(raw: bytes) -> _Decoded | str:
 def _by_bom(raw: bytes) -> _Decoded | None:
     """The text a byte-order mark declares (the mark dropped), or None: no mark, or bytes
     its encoding rejects (damaged UTF-8 or binary: the usual checks decide)."""
-    for bom, codec in _BOMS:
+    for bom, codec in BOMS:
         if raw.startswith(bom):
             try:
                 return _Decoded(raw[len(bom) :].decode(codec), codec, EXACT)
@@ -349,7 +342,6 @@ def check_encoding(encoding: str | None) -> str | None:
     """The codec's canonical name; InputError for a name Python does not know."""
     if encoding is None:
         return None
-    import codecs
 
     try:
         return codecs.lookup(encoding).name

@@ -15,19 +15,12 @@ inside a fenced code block is touched (``# comment`` there is code).
 
 from __future__ import annotations
 
-import codecs
 import re
 
+from docintel.pipeline.input.encoding import BOMS
 from docintel.pipeline.parse.errors import EmptyFile, NotText
 from docintel.pipeline.parse.model import MD, TXT, ParsedDocument
 
-_BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
 SNIFF_BYTES = 8 * 1024  # a NUL byte in the first 8 KiB means binary (as ingest decides)
 _ATX = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -35,7 +28,7 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 def decode(name: str, data: bytes) -> str:
     """The text of a file's bytes (see the module docstring), line ends as ``\\n``."""
-    for bom, encoding in _BOMS:
+    for bom, encoding in BOMS:
         if data.startswith(bom):
             text = data[len(bom) :].decode(encoding, errors="replace")
             return _newlines(text)
