@@ -114,14 +114,27 @@ def select_documents(
     counts.unchanged += kept_unread
     next_files = {f.path: seen[f.path] for f in unread + read_ok}
     next_files.update({p: old_files[p] for p in skipped_paths if p in old_files})
+    head = {"date": day, "source": source, "started": started,
+            "columns": {"id": id_col, "text": text_col}, "models": models,
+            "previous_models": previous_models, "models_changed": models_changed}  # fmt: skip
+    return record_selection(lay, day, index, head, counts, removed, next_files, skipped)
+
+
+def record_selection(
+    lay: AuditLayout,
+    day: str,
+    index: pa.Table,
+    head: dict[str, Any],
+    counts: _Counts,
+    removed: int,
+    next_files: dict[str, Any],
+    skipped: list[tuple[InputFile, Exception]],
+) -> dict[str, Any]:
+    """The selection record (``head``: what the night read and with which models; then
+    the counts, the files as seen and the skipped ones), written after the pending index:
+    the staging folder is complete. Parquet and document sources share it."""
     selection = {
-        "date": day,
-        "source": source,
-        "started": started,
-        "columns": {"id": id_col, "text": text_col},
-        "models": models,
-        "previous_models": previous_models,
-        "models_changed": models_changed,
+        **head,
         "counts": _counts_record(counts, removed),
         "selected": counts.new + counts.changed + counts.reprocessed,
         "files": dict(sorted(next_files.items())),

@@ -26,11 +26,10 @@ import pyarrow.fs as pafs
 
 from docintel.pipeline.audit.select import (
     _Counts,
-    _counts_record,
     _file_stamps,
     _next_index,
     _unchanged_files,
-    _write_selection,
+    record_selection,
     select_documents,
 )
 from docintel.pipeline.audit.state import (
@@ -103,22 +102,10 @@ def select_document_files(
     counts.unchanged += kept_unread
     next_files = {f.path: seen[f.path] for f in unread + read_ok}
     next_files.update({p: old_files[p] for p in skipped_paths if p in old_files})
-    selection = {
-        "date": day,
-        "source": source,
-        "started": started,
-        "input": "documents",
-        "columns": None,
-        "models": models,
-        "previous_models": previous_models,
-        "models_changed": models_changed,
-        "counts": _counts_record(counts, removed),
-        "selected": counts.new + counts.changed + counts.reprocessed,
-        "files": dict(sorted(next_files.items())),
-        "skipped_files": [{"uri": f.uri, "reason": str(e)} for f, e in skipped],
-    }
-    _write_selection(lay, day, index, selection)
-    return selection
+    head = {"date": day, "source": source, "started": started, "input": "documents",
+            "columns": None, "models": models, "previous_models": previous_models,
+            "models_changed": models_changed}  # fmt: skip
+    return record_selection(lay, day, index, head, counts, removed, next_files, skipped)
 
 
 class _Unreadable(InputError):
