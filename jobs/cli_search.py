@@ -66,10 +66,20 @@ JsonOpt = Annotated[
     typer.Option(
         "--json",
         help="JSON lines on stdout, one object per hit: doc_id, sent_index, text, label, "
-        "score, similarity (and query first, when there are several queries).",
+        "score, similarity, bm25 (null: not a keyword hit) (and query first, when there "
+        "are several queries).",
     ),
 ]
 ExactOpt = Annotated[bool, typer.Option("--exact", help="Scan exactly; ignore any index.")]
+ModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--mode",
+        metavar="hybrid|semantic|keyword",
+        help="The ranking: semantic (embedding cosine), keyword (BM25 on the words), or "
+        "hybrid (both, by reciprocal rank fusion, k=60).",
+    ),
+]
 
 
 def search(
@@ -83,14 +93,17 @@ def search(
     entity: EntityOpt = None,
     json_lines: JsonOpt = False,
     exact: ExactOpt = False,
+    mode: ModeOpt = "hybrid",
     config: ConfigOpt = None,
 ) -> None:
-    """Find the sentences of a committed run nearest to a query (cosine similarity).
+    """Find the sentences of a committed run that best answer a query: by default hybrid,
+    keyword relevance (BM25) fused with embedding similarity (cosine).
 
     The query is embedded with the encoder the run recorded in its manifest (a different
     installed encoder is refused, exit 2). Uses the index `docintel index` built when it
     matches the output as it is now, else an exact scan with bounded memory (stderr says
     which). A query longer than the encoder's token limit is truncated and flagged.
+    --mode semantic ranks by the embedding alone, --mode keyword by BM25 alone.
 
     Examples:
 
@@ -101,6 +114,8 @@ def search(
       docintel search s3://bucket/run1 --queries watch.txt --doc-id 10-K/
 
       docintel search out/ "fraud investigation" --entity E0001234
+
+      docintel search demo-out "staff cuts" --mode semantic
     """
     from docintel.pipeline.search.query import Filters, read_queries
     from docintel.pipeline.search.query import search as run_search
@@ -110,9 +125,19 @@ def search(
         if queries is not None:
             texts += read_queries(queries)
         filters = Filters(label=label, min_score=min_score, doc_prefix=doc_id, entity_id=entity)
-        result = run_search(output, texts, top, filters, load_config(config), exact=exact)
+        cfg = load_config(config)
+        result = run_search(output, texts, top, filters, cfg, exact=exact, mode=mode)
     except DocintelError as e:
         fail(e)
+    _print_notes(result)
+    if json_lines:
+        _print_json(result)
+    else:
+        _print_tables(result)
+
+
+def _print_notes(result: SearchResult) -> None:
+    """stderr: the path and ranking taken, truncated queries, unlabelled hits."""
     console.print(f"docintel: {safe(result.note)}", markup=False, highlight=False)
     for i, (q, cut) in enumerate(zip(result.queries, result.truncated, strict=True), 1):
         if cut:
@@ -128,10 +153,6 @@ def search(
             "(a language the model was not trained on: null label and score)",
             markup=False, highlight=False,
         )  # fmt: skip
-    if json_lines:
-        _print_json(result)
-    else:
-        _print_tables(result)
 
 
 def _print_json(result: SearchResult) -> None:
@@ -157,10 +178,12 @@ def _print_tables(result: SearchResult) -> None:
     numbers never wrap, the doc id gets at most a fifth of the width (folded past it),
     and the text column the rest, wrapped at word boundaries."""
     for q, hits in zip(result.queries, result.hits, strict=True):
-        t = Table(title=Text(safe(q)), title_justify="left", box=box.SIMPLE_HEAD,
+        title = Text(safe(q)).append(f"  ({result.mode})", style="dim")
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
         t.add_column("#", justify="right", no_wrap=True)
         t.add_column("similarity", justify="right", no_wrap=True)
+        t.add_column("bm25", justify="right", no_wrap=True)
         t.add_column("label", max_width=12, overflow="fold")
         t.add_column("score", justify="right", no_wrap=True)
         t.add_column("doc_id", overflow="fold", max_width=max(12, out.width // 5))
@@ -168,7 +191,8 @@ def _print_tables(result: SearchResult) -> None:
         t.add_column("text", overflow="fold", ratio=1)
         for n, h in enumerate(hits, 1):
             t.add_row(
-                str(n), f"{h['similarity']:.4f}", Text(safe(h["label"] or UNLABELLED)),
+                str(n), f"{h['similarity']:.4f}", "" if h["bm25"] is None else f"{h['bm25']:.2f}",
+                Text(safe(h["label"] or UNLABELLED)),
                 "" if h["score"] is None else f"{h['score']:.3f}",
                 Text(safe(h["doc_id"])), str(h["sent_index"]), Text(_one_line(h["text"])),
             )  # fmt: skip

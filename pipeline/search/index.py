@@ -47,7 +47,16 @@ import pyarrow.fs as pafs
 from docintel.pipeline.config import Config, StorageConfig
 from docintel.pipeline.errors import InputError, RunFailed
 from docintel.pipeline.output.sink import atomic_write, read_json
-from docintel.pipeline.schema import EMBEDDING
+from docintel.pipeline.schema import EMBEDDING, TEXT
+from docintel.pipeline.search.keyword import (
+    SEMANTIC,
+    combine,
+    needs_dense,
+    needs_keyword,
+    pool_size,
+    query_terms,
+    tokenize,
+)
 from docintel.pipeline.search.source import (
     HIT_COLUMNS,
     Filters,
@@ -61,8 +70,23 @@ from docintel.pipeline.storage import display_uri, effective_endpoint, is_local
 
 INDEX_FOLDER = "_index"
 POINTER = "current.json"
-INDEX_FORMAT = "lance-ivf-pq/1"
+INDEX_FORMAT = "lance-ivf-pq+fts/2"  # IVF-PQ on the embeddings, full-text on TERMS
+SEMANTIC_ONLY_FORMAT = "lance-ivf-pq/1"  # an older build: no keyword index
+FORMATS = (INDEX_FORMAT, SEMANTIC_ONLY_FORMAT)
 INDEX_COLUMNS = [*HIT_COLUMNS, EMBEDDING]
+# the text's terms (keyword.tokenize), space-separated: what the full-text index indexes,
+# with Lance's whitespace tokenizer and no processing of its own (so that its BM25 is the
+# exact scan's, term for term)
+TERMS = "terms"
+FTS_PARAMS: dict[str, Any] = {
+    "base_tokenizer": "whitespace",
+    "lower_case": False,
+    "stem": False,
+    "remove_stop_words": False,
+    "ascii_folding": False,
+    "with_position": False,
+    "max_token_length": None,
+}
 MIN_ROWS_PER_PARTITION = 256  # what Lance trains a partition's centroid on at least
 ROWS_PER_FILE = 1 << 20
 # Partitions a query probes by default: recall@10 on the bench's synthetic 10^6 sentences
@@ -163,7 +187,7 @@ def read_pointer(source: SentencesSource) -> dict[str, Any] | None:
     """The pointer record, checked: a plain build name inside _index, known parameters."""
     _check_folder(source)
     record = read_json(source.fs, f"{_folder(source)}/{POINTER}")
-    if record is None or record.get("format") != INDEX_FORMAT:
+    if record is None or record.get("format") not in FORMATS:
         return record
     if not BUILD_NAME.match(str(record.get("path", ""))):
         raise _damaged(source, f"{POINTER} names {str(record.get('path'))[:80]!r}, not a build")
@@ -177,9 +201,14 @@ def read_pointer(source: SentencesSource) -> dict[str, Any] | None:
 # --- build -----------------------------------------------------------------------------------
 
 
+def _with_terms(batch: pa.RecordBatch) -> pa.RecordBatch:
+    terms = [" ".join(tokenize(t)) for t in batch[TEXT].to_pylist()]
+    return batch.append_column(TERMS, pa.array(terms, pa.string()))
+
+
 def _write_rows(source: SentencesSource, path: str) -> Any:
-    """The hit columns and embeddings as a Lance dataset at ``path`` (streamed)."""
-    batches = source.batches(INDEX_COLUMNS)
+    """The hit columns, embeddings and terms as a Lance dataset at ``path`` (streamed)."""
+    batches = map(_with_terms, source.batches(INDEX_COLUMNS))
     first = next(batches, None)
     if first is None:
         raise InputError(f"{source.uri} has no sentences: there is nothing to index")
@@ -240,6 +269,7 @@ def build_index(
         num_partitions=p.partitions,
         num_sub_vectors=p.sub_vectors,
     )
+    ds.create_scalar_index(TERMS, index_type="INVERTED", **FTS_PARAMS)
     if source.key() != key:
         raise RunFailed(
             f"{source.uri} changed while its index was built; nothing was committed. Run "
@@ -273,28 +303,81 @@ class OpenIndex:
         return IndexParams(**self.record["params"])
 
 
-def find(source: SentencesSource) -> tuple[OpenIndex | None, str]:
-    """The output's index if it exists and was built from the output as it is now, and a
-    line saying which path a search takes, and why."""
+def find(source: SentencesSource, mode: str = SEMANTIC) -> tuple[OpenIndex | None, str]:
+    """The output's index if it exists, was built from the output as it is now and can
+    rank by ``mode`` (an older build has no keyword index), and a line saying which path
+    a search takes, and why."""
     where = _index_where(source)
     record = read_pointer(source)
     if record is None:
         return None, f"no index at {where}: exact scan (build one with `docintel index`)"
-    if record.get("format") != INDEX_FORMAT:
+    if record.get("format") not in FORMATS:
         return None, f"the index at {where} is of another format: exact scan"
     if record.get("source") != source.key():
         return None, (
             f"the index at {where} was built before the output last changed: exact scan "
             "(rebuild it with `docintel index`)"
         )
+    if needs_keyword(mode) and record["format"] != INDEX_FORMAT:
+        return None, (
+            f"the index at {where} has no keyword index (an older build): exact scan "
+            "(rebuild it with `docintel index`, or search with --mode semantic)"
+        )
     path = f"{_folder(source)}/{record['path']}"
     ds = _lance().dataset(_lance_uri(source, path), storage_options=_storage_options(source))
     p = IndexParams(**record["params"])  # checked by read_pointer
+    full_text = " and full-text (BM25)" if needs_keyword(mode) else ""
     note = (
         f"searched the index {where}/{record['path']} (IVF-PQ, {p.partitions} partitions, "
-        f"nprobes {p.nprobes}, refine x{p.refine_factor})"
+        f"nprobes {p.nprobes}, refine x{p.refine_factor}{full_text})"
     )
     return OpenIndex(ds, record), note
+
+
+def _nearest(
+    index: OpenIndex, q: np.ndarray, k: int, filters: Filters, p: IndexParams
+) -> list[dict[str, Any]]:
+    """The dense ranking: the ``k`` nearest through IVF-PQ, with exact cosines."""
+    nearest = {"column": EMBEDDING, "q": q, "k": k, "nprobes": p.nprobes}
+    if p.refine_factor:
+        nearest["refine_factor"] = p.refine_factor
+    rows = index.dataset.to_table(
+        columns=INDEX_COLUMNS,
+        nearest=nearest,
+        filter=filters.sql(),
+        prefilter=True,
+        disable_scoring_autoprojection=True,
+    )
+    if not rows.num_rows:
+        return []
+    sims = cosine(embedding_matrix(rows[EMBEDDING]), q[None, :])[:, 0]
+    return to_hits(rows.select(list(HIT_COLUMNS)), sims)
+
+
+def _full_text(
+    index: OpenIndex, q: np.ndarray, text: str, k: int, filters: Filters
+) -> list[dict[str, Any]]:
+    """The keyword ranking: the ``k`` best by BM25 through the full-text index (the
+    scores are Lance's, the exact scan's formula), with exact cosines."""
+    from lance.query import MatchQuery
+
+    terms = query_terms(text)
+    if not terms:
+        return []
+    rows = index.dataset.to_table(
+        columns=[*INDEX_COLUMNS, "_score"],
+        full_text_query=MatchQuery(" ".join(terms), TERMS, fuzziness=0),
+        filter=filters.sql(),
+        prefilter=True,
+        limit=k,
+        disable_scoring_autoprojection=True,
+    )
+    rows = rows.filter(rows[EMBEDDING].is_valid())  # as the exact scan: no vector, no hit
+    if not rows.num_rows:
+        return []
+    sims = cosine(embedding_matrix(rows[EMBEDDING]), q[None, :])[:, 0]
+    scores = rows["_score"].to_numpy().astype(np.float64)
+    return to_hits(rows.select(list(HIT_COLUMNS)), sims, scores)
 
 
 def query(
@@ -303,26 +386,21 @@ def query(
     top: int,
     filters: Filters,
     params: IndexParams | None = None,
+    *,
+    texts: list[str] | None = None,
+    mode: str = SEMANTIC,
 ) -> list[list[dict[str, Any]]]:
-    """Each query's ``top`` hits through the index; similarities are the exact cosines of
-    the candidates' stored vectors."""
+    """Each query's ``top`` hits through the index, ranked by ``mode`` as the exact scan
+    ranks them (keyword and hybrid need the queries' ``texts``); similarities are the
+    exact cosines of the candidates' stored vectors."""
     p = params or index.params
     queries = unit_rows(np.asarray(vectors, np.float32))
+    pool = top if mode == SEMANTIC else pool_size(top)  # ties: the nearer
     out = []
-    for q in queries:
-        nearest = {"column": EMBEDDING, "q": q, "k": top, "nprobes": p.nprobes}
-        if p.refine_factor:
-            nearest["refine_factor"] = p.refine_factor
-        rows = index.dataset.to_table(
-            columns=INDEX_COLUMNS,
-            nearest=nearest,
-            filter=filters.sql(),
-            prefilter=True,
-            disable_scoring_autoprojection=True,
+    for j, q in enumerate(queries):
+        dense = _nearest(index, q, pool, filters, p) if needs_dense(mode) else []
+        keyword = (
+            _full_text(index, q, (texts or [])[j], pool, filters) if needs_keyword(mode) else []
         )
-        if not rows.num_rows:
-            out.append([])
-            continue
-        sims = cosine(embedding_matrix(rows[EMBEDDING]), q[None, :])[:, 0]
-        out.append(to_hits(rows.select(list(HIT_COLUMNS)), sims))
+        out.append(combine(dense, keyword, top, mode))
     return out

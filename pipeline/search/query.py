@@ -23,6 +23,7 @@ query vector (the index only chooses the candidates).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,24 @@ import pyarrow as pa
 from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import Config, EmbedConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
-from docintel.pipeline.schema import EMBEDDING, ENTITIES, TORCH
+from docintel.pipeline.schema import EMBEDDING, ENTITIES, TEXT, TORCH
 from docintel.pipeline.search import index as ann_index
+from docintel.pipeline.search.keyword import (
+    HYBRID,
+    KEYWORD,
+    MODES,
+    SEMANTIC,
+    Bm25,
+    combine,
+    needs_dense,
+    needs_keyword,
+    pool_size,
+    query_terms,
+)
 from docintel.pipeline.search.source import (
     HIT_COLUMNS,
     READ_BATCH_ROWS,
+    SIMILARITY,
     Filters,
     SentencesSource,
     cosine,
@@ -169,17 +183,18 @@ class QueryEncoder:
 
 @dataclass
 class TopK:
-    """One query's best ``k`` rows so far (similarities and the hit columns)."""
+    """One query's best ``k`` rows so far by one ranking's scores (cosine, or BM25 with a
+    ``similarity`` column beside the hit columns); a non-finite score never enters."""
 
     k: int
     sims: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     rows: pa.Table | None = None
 
     def offer(self, sims: np.ndarray, batch: pa.RecordBatch) -> None:
-        """Keep the best of what is held and ``batch``'s rows (similarities ``sims``)."""
-        idx = np.arange(len(sims))
+        """Keep the best of what is held and ``batch``'s rows (scores ``sims``)."""
+        idx = np.flatnonzero(np.isfinite(sims))
         if len(self.sims) >= self.k:  # only rows that beat the worst kept one can enter
-            idx = idx[sims > self.sims.min()]
+            idx = idx[sims[idx] > self.sims.min()]
         if len(idx) > self.k:
             idx = idx[np.argpartition(-sims[idx], self.k - 1)[: self.k]]
         if not len(idx):
@@ -193,7 +208,37 @@ class TopK:
         self.rows, self.sims = both, sims_all
 
     def hits(self) -> list[dict[str, Any]]:
+        """Best first by cosine (the scores are similarities)."""
         return [] if self.rows is None else to_hits(self.rows, self.sims)
+
+    def keyword_hits(self) -> list[dict[str, Any]]:
+        """Best first by BM25 (the scores), with each row's ``similarity`` column."""
+        if self.rows is None:
+            return []
+        return to_hits(self.rows, self.rows[SIMILARITY].to_numpy(), self.sims)
+
+
+def keyword_statistics(
+    source: SentencesSource, texts: list[str], batch_rows: int = READ_BATCH_ROWS
+) -> Bm25:
+    """Pass 1 of a keyword ranking: the BM25 statistics of the queries' terms over the
+    whole sentences table (its text column only, streamed)."""
+    bm25 = Bm25([query_terms(t) for t in texts])
+    if bm25.terms:
+        for batch in source.batches([TEXT], batch_rows):
+            bm25.gather(batch[TEXT].to_pylist())
+    return bm25
+
+
+def _scan(source: SentencesSource, filters: Filters, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The sentences that pass ``filters`` and have an embedding, in record batches."""
+    for read in source.batches([*HIT_COLUMNS, EMBEDDING, *filters.columns], batch_rows):
+        mask = filters.mask(read)
+        batch = read if mask is None else read.filter(mask)
+        if batch[EMBEDDING].null_count:
+            batch = batch.filter(batch[EMBEDDING].is_valid())
+        if batch.num_rows:
+            yield batch
 
 
 def exact_search(
@@ -202,23 +247,39 @@ def exact_search(
     top: int,
     filters: Filters,
     batch_rows: int = READ_BATCH_ROWS,
+    *,
+    texts: list[str] | None = None,
+    mode: str = SEMANTIC,
 ) -> list[list[dict[str, Any]]]:
-    """Each query's ``top`` hits by exact cosine over the sentences table, streamed in
-    record batches of at most ``batch_rows``."""
+    """Each query's ``top`` hits over the sentences table, streamed in record batches of at
+    most ``batch_rows``: by exact cosine (``mode`` semantic), BM25 of ``texts`` (keyword),
+    or both fused (hybrid: each ranking's pool_size(top) best, then :func:`fuse`). A
+    keyword ranking reads the table twice (pass 1: :func:`keyword_statistics`)."""
     queries = unit_rows(np.asarray(vectors, np.float32))
-    best = [TopK(top) for _ in range(len(queries))]
-    for read in source.batches([*HIT_COLUMNS, EMBEDDING, *filters.columns], batch_rows):
-        mask = filters.mask(read)
-        batch = read if mask is None else read.filter(mask)
-        if batch[EMBEDDING].null_count:
-            batch = batch.filter(batch[EMBEDDING].is_valid())
-        if not batch.num_rows:
-            continue
+    bm25 = keyword_statistics(source, texts or [], batch_rows) if needs_keyword(mode) else None
+    pool = top if mode == SEMANTIC else pool_size(top)  # ties: the nearer
+    dense = [TopK(pool) for _ in queries] if needs_dense(mode) else []
+    keyword = [TopK(pool) for _ in queries] if bm25 is not None else []
+    for batch in _scan(source, filters, batch_rows):
         sims = cosine(embedding_matrix(batch[EMBEDDING]), queries)
         rows = batch.select(list(HIT_COLUMNS))
-        for j, t in enumerate(best):
+        for j, t in enumerate(dense):
             t.offer(sims[:, j], rows)
-    return [t.hits() for t in best]
+        if bm25 is None:
+            continue
+        scores = bm25.score(batch[TEXT].to_pylist())
+        scores[scores <= 0] = -np.inf  # a sentence without the query's terms is no hit
+        for j, t in enumerate(keyword):
+            t.offer(scores[:, j], rows.append_column(SIMILARITY, pa.array(sims[:, j])))
+    return [
+        combine(
+            dense[j].hits() if dense else [],
+            keyword[j].keyword_hits() if keyword else [],
+            top,
+            mode,
+        )
+        for j in range(len(queries))
+    ]
 
 
 # --- search: checks, encoder, index or exact -------------------------------------------------
@@ -232,6 +293,7 @@ class SearchResult:
     used_index: bool  # the hits came from the index
     note: str  # which path answered, and why (for stderr)
     max_length: int = 0  # the encoder's token limit
+    mode: str = HYBRID  # the ranking: semantic, keyword or hybrid (keyword.MODES)
 
 
 def check_queries(queries: list[str], top: int) -> list[str]:
@@ -276,6 +338,21 @@ def check_entity(source: SentencesSource, entity_id: str | None) -> None:
         )
 
 
+def check_mode(mode: str, queries: list[str]) -> str:
+    """``mode`` (UsageError, exit 2, unless one of MODES); keyword mode refuses a query
+    with no term to match (only stop words or punctuation)."""
+    if mode not in MODES:
+        raise UsageError(f"--mode {mode!r}: give one of {', '.join(MODES)}")
+    if mode == KEYWORD:
+        for i, q in enumerate(queries, 1):
+            if not query_terms(q):
+                raise UsageError(
+                    f"query {i} has no word to match by keyword (only stop words or "
+                    "punctuation): use --mode semantic or hybrid, or other words"
+                )
+    return mode
+
+
 def search(
     output_uri: str,
     queries: list[str],
@@ -285,12 +362,14 @@ def search(
     *,
     exact: bool = False,
     encoder: QueryEncoder | None = None,
+    mode: str = HYBRID,
 ) -> SearchResult:
-    """Each query's ``top`` hits in the committed run at ``output_uri`` (see the module
-    docstring); ``exact`` skips the index."""
+    """Each query's ``top`` hits in the committed run at ``output_uri``, ranked by
+    ``mode`` (see the module docstring); ``exact`` skips the index."""
     cfg = cfg or load_config()
     filters = filters or Filters()
     check_queries(queries, top)
+    check_mode(mode, queries)
     source = SentencesSource.open(output_uri, cfg.storage, cfg)
     dim = source.require_embeddings()
     check_label(source, filters.label)
@@ -300,15 +379,19 @@ def search(
     vectors, truncated = encoder.encode(queries)
     if dim and vectors.shape[1] != dim:
         raise ModelError(f"the encoder makes {vectors.shape[1]}-d vectors, {source.uri} {dim}-d")
-    index, note = (None, "exact scan (--exact)") if exact else ann_index.find(source)
+    index, note = (None, "exact scan (--exact)") if exact else ann_index.find(source, mode)
     if index is not None and filters.entity_id is not None:  # the index has no entities
         index, note = None, "exact scan (--entity: the index holds no entities column)"
     if index is not None and filters.doc_ids is None:
-        hits = ann_index.query(index, vectors, top, filters)
+        hits = ann_index.query(index, vectors, top, filters, texts=queries, mode=mode)
         used = True
     else:
-        hits, used = exact_search(source, vectors, top, filters), False
-    return SearchResult(queries, hits, list(map(bool, truncated)), used, note, encoder.max_length)
+        hits = exact_search(source, vectors, top, filters, texts=queries, mode=mode)
+        used = False
+    cut = list(map(bool, truncated))
+    return SearchResult(
+        queries, hits, cut, used, f"{mode} ranking, {note}", encoder.max_length, mode
+    )
 
 
 def watch_hits(
@@ -317,22 +400,25 @@ def watch_hits(
     doc_ids: set[str] | None,
     top: int,
     cfg: Config | None = None,
+    mode: str = HYBRID,
 ) -> dict[str, list[dict[str, Any]]]:
     """For the nightly report: each saved query's ``top`` hits (keys HIT_KEYS) among the
-    sentences of ``doc_ids`` (None: every document of the output), by an exact scan (a
-    night's output is small, and a doc id set is no index filter). ModelError when the
-    installed encoder is not the run's."""
+    sentences of ``doc_ids`` (None: every document of the output), ranked as `docintel
+    search` ranks them (``mode``, hybrid by default), by an exact scan (a night's output
+    is small, and a doc id set is no index filter). ModelError when the installed encoder
+    is not the run's."""
     if not queries:
         return {}
     cfg = cfg or load_config()
     source = output if isinstance(output, SentencesSource) else None
     source = source or SentencesSource.open(str(output), cfg.storage, cfg)
     check_queries(queries, top)
+    check_mode(mode, queries)
     if not source.require_embeddings():
         return {q: [] for q in queries}
     encoder = QueryEncoder(cfg.embed)
     encoder.check(source.manifest, source.uri)
     vectors, _ = encoder.encode(queries)
     wanted = Filters(doc_ids=frozenset(doc_ids) if doc_ids is not None else None)
-    hits = exact_search(source, vectors, top, wanted)
+    hits = exact_search(source, vectors, top, wanted, texts=queries, mode=mode)
     return dict(zip(queries, hits, strict=True))

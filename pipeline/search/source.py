@@ -47,7 +47,8 @@ SENTENCES = "sentences"
 READ_BATCH_ROWS = 8192  # rows per record batch: 8192 x 384 floats = 12 MiB of embeddings
 SIMILARITY = "similarity"
 HIT_COLUMNS = (DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE)
-HIT_KEYS = (*HIT_COLUMNS, SIMILARITY)  # one hit, as --json writes it
+BM25 = "bm25"  # a hit's keyword score; null when the keyword ranking did not pick it
+HIT_KEYS = (*HIT_COLUMNS, SIMILARITY, BM25)  # one hit, as --json writes it
 
 
 @dataclass
@@ -256,10 +257,26 @@ def cosine(embeddings: np.ndarray, queries_unit: np.ndarray) -> np.ndarray:
     return unit_rows(embeddings) @ queries_unit.T
 
 
-def to_hits(rows: pa.Table, sims: np.ndarray) -> list[dict[str, Any]]:
-    """Hits (keys HIT_KEYS), best first; ties by doc_id, then sent_index."""
+def to_hits(
+    rows: pa.Table, sims: np.ndarray, bm25: np.ndarray | None = None
+) -> list[dict[str, Any]]:
+    """Hits (keys HIT_KEYS), best first by ``bm25`` when given (a keyword ranking: ties by
+    similarity), else by similarity; then by doc_id and sent_index."""
     docs = rows[DOC_ID].to_pylist()
     sents = rows[SENT_INDEX].to_pylist()
-    order = sorted(range(len(docs)), key=lambda i: (-float(sims[i]), docs[i], sents[i]))
+    if bm25 is None:
+        order = sorted(range(len(docs)), key=lambda i: (-float(sims[i]), docs[i], sents[i]))
+    else:  # equal keyword scores: the nearer sentence first
+        order = sorted(
+            range(len(docs)),
+            key=lambda i: (-float(bm25[i]), -float(sims[i]), docs[i], sents[i]),
+        )
     cols = {c: rows[c].to_pylist() for c in HIT_COLUMNS}
-    return [{**{c: cols[c][i] for c in HIT_COLUMNS}, SIMILARITY: float(sims[i])} for i in order]
+    return [
+        {
+            **{c: cols[c][i] for c in HIT_COLUMNS},
+            SIMILARITY: float(sims[i]),
+            BM25: None if bm25 is None else float(bm25[i]),
+        }
+        for i in order
+    ]

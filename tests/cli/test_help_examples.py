@@ -20,7 +20,7 @@ PLACEHOLDERS = {
 NOT_A_PATH = {
     "--label", "--doc-id", "--date", "--run-id", "--address", "--ray-address", "--out",
     "--text-column", "--id-column", "--label-names", "--encoder", "--top", "--gpus",
-    "--entity",
+    "--entity", "--mode",
 }  # fmt: skip
 NOT_A_PATH_WORD = re.compile(r"raysubmit_\w+|default|.* .*|\w+://\S*")  # ids, queries, URLs
 
