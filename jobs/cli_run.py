@@ -138,6 +138,18 @@ ModelOpt = Annotated[
         "bundled models). Default: \\[classify] model_dir and \\[embed] model_path.",
     ),
 ]
+ClassifierOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--classifier",
+        metavar="N=DIR",
+        help="Also label with the head in DIR (a folder written by `docintel train`, trained "
+        "on the run's encoder) under the name N, beside the default head: sentences/ and "
+        "documents/ get N_label and N_score (a document's: the arg-max of its sentences' "
+        "mean probabilities). Repeat for several; N is a lower-case identifier. The default "
+        "head's columns are unchanged. Default: \\[classify.heads], none.",
+    ),
+]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -206,6 +218,7 @@ def run(
     num_cpus: CpusOpt = None,
     ray_address: RayAddressOpt = None,
     model: ModelOpt = None,
+    classifier: ClassifierOpt = None,
     watch_list: WatchListOpt = None,
     redact: RedactOpt = None,
     redact_only: RedactOnlyOpt = None,
@@ -245,12 +258,29 @@ def run(
         "entities.lists": watch_list or None,
     }
     try:
-        overrides.update(model_overrides(model))
-        overrides["privacy.redact"] = redact_setting(redact, redact_only)
-        summary = _watched(execute, load_config(config, overrides), input, output, run_id)
+        cfg = _run_config(config, overrides, model, redact_setting(redact, redact_only))
+        summary = _watched(execute, with_heads(cfg, classifier), input, output, run_id)
     except DocintelError as e:
         fail(e)
     _print_done(summary)
+
+
+def _run_config(
+    config: Path | None, overrides: dict[str, Any], model: str | None, redact: object
+) -> Any:
+    """The config file with the options' overrides, ``--model``'s and the redaction's."""
+    return load_config(config, {**overrides, **model_overrides(model), "privacy.redact": redact})
+
+
+def with_heads(cfg: Any, options: list[str] | None) -> Any:
+    """``cfg`` with the ``--classifier NAME=DIR`` heads added to ``[classify.heads]`` (a
+    name given twice is refused)."""
+    if not options:
+        return cfg
+    from docintel.pipeline.stages.classify import parse_head_options
+
+    heads = parse_head_options(options, dict(cfg.classify.heads))
+    return cfg.with_overrides({"classify.heads": heads})
 
 
 def _print_done(summary: Any) -> None:

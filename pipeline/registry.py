@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -80,6 +80,8 @@ from docintel.pipeline.schema import (
     TRUNCATED,
     USER,
     backend_label,
+    head_columns,
+    head_probs_field,
 )
 from docintel.pipeline.stages.base import Stage, cuda_available
 from docintel.pipeline.stages.classify import (
@@ -88,6 +90,7 @@ from docintel.pipeline.stages.classify import (
     Int8Classifier,
     OnnxClassifier,
     check_head_encoder,
+    check_head_names,
     head_languages,
     label_columns,
     read_classifier_meta,
@@ -156,19 +159,18 @@ def _choose_model_backend(
     return choose
 
 
-def _quantize(kind: str, cfg: Config) -> object:
+def _quantize(kind: str, cfg: Config, head: Path | None = None) -> object:
+    """Build one derived artefact; ``head``: the classifier folder of a head's (default:
+    the default head)."""
     from docintel.pipeline.offline import quantize
 
     folder = cfg.embed.resolved_int8_dir()
+    head = head or cfg.classify.resolved_model_dir()
     builders = {
         "fp32": lambda: quantize.build_fp32(cfg.embed.resolved_model_path(), folder),
         "int8": lambda: quantize.build_int8(cfg.embed.resolved_model_path(), folder),
-        "fp32-head": lambda: quantize.build_fp32_classifier(
-            cfg.classify.resolved_model_dir(), folder
-        ),
-        "int8-head": lambda: quantize.build_int8_classifier(
-            cfg.classify.resolved_model_dir(), folder
-        ),
+        "fp32-head": lambda: quantize.build_fp32_classifier(head, folder),
+        "int8-head": lambda: quantize.build_int8_classifier(head, folder),
     }
     return builders[kind]()
 
@@ -182,11 +184,22 @@ def _encoder_artefact(what: str, file: str, kind: str) -> Callable[[Config], lis
 
 
 def _head_artefact(what: str, int8: bool) -> Callable[[Config], list[Artefact]]:
+    """The default head's ONNX copy and each extra head's ([classify.heads]), each keyed
+    by its head's version (two folders of one head share one copy)."""
+
     def artefacts(cfg: Config) -> list[Artefact]:
         where = classifier_int8_path if int8 else classifier_fp32_path
-        path = where(cfg.embed.resolved_int8_dir(), cfg.classify.resolved_model_dir())
         kind = "int8-head" if int8 else "fp32-head"
-        return [Artefact(what, path, partial(_quantize, kind, cfg), int8=int8)]
+        folders = {"": cfg.classify.resolved_model_dir(), **cfg.classify.head_dirs()}
+        return [
+            Artefact(
+                f"{what} of head {name}" if name else what,
+                where(cfg.embed.resolved_int8_dir(), folder),
+                partial(_quantize, kind, cfg, folder),
+                int8=int8,
+            )
+            for name, folder in folders.items()
+        ]
 
     return artefacts
 
@@ -203,20 +216,43 @@ def _check_embed(cfg: Config) -> StageFacts:
 
 
 def _check_classify(cfg: Config) -> StageFacts:
-    """The head's labels; refused when it was trained on another encoder or dimension."""
+    """The head's labels and the extra heads' records (name, folder, version, labels);
+    refused when any head was trained on another encoder or dimension, an extra head's
+    folder is missing or incomplete, or its columns clash with another stage's."""
     embed_path = cfg.embed.resolved_model_path()
+    dim = embedding_dim(embed_path)
     clf_dir = cfg.classify.resolved_model_dir()
+    labels = _check_head(clf_dir, embed_path, dim, "[classify] model_dir")
+    others = frozenset(c for s in BUILTIN if s.name != CLASSIFY.name for c in s.output_columns)
+    check_head_names(list(cfg.classify.heads), "[classify.heads]", others)
+    heads = []
+    for name, folder in cfg.classify.head_dirs().items():
+        if not folder.is_dir():
+            raise ModelError(
+                f"[classify.heads] {name}: the head folder {folder} does not exist; give a "
+                "folder written by `docintel train`"
+            )
+        head_labels = _check_head(folder, embed_path, dim, f"[classify.heads] {name}")
+        heads.append(
+            {"name": name, "dir": str(folder), "version": fingerprint(folder),
+             "labels": head_labels}
+        )  # fmt: skip
+    return StageFacts(version=fingerprint(clf_dir), labels=labels, heads=heads)
+
+
+def _check_head(clf_dir: Path, embed_path: Path, dim: int, setting: str) -> list[str]:
+    """One head folder's labels; refused (ModelError) when incomplete, or trained on
+    another encoder or embedding size."""
     labels, training = read_classifier_meta(clf_dir)
     head_languages(training, f"{clf_dir}/training.json")  # a bad record: refused here
-    dim = embedding_dim(embed_path)
     if training.get("embedding_dim") != dim:
         raise ModelError(
             f"classifier {clf_dir} was trained on {training.get('embedding_dim')}-d embeddings "
             f"but the embedder {embed_path} makes {dim}-d ones; train a matching head with "
-            "`docintel train DATA --out DIR` and set [classify] model_dir"
+            f"`docintel train DATA --out DIR` and set {setting}"
         )
     check_head_encoder(clf_dir, embed_path)  # another encoder's head: refused, not warned
-    return StageFacts(version=fingerprint(clf_dir), labels=labels)
+    return labels
 
 
 def _fixed_size_rows(row: np.ndarray, n: int) -> pa.FixedSizeListArray:
@@ -259,20 +295,22 @@ def _embed_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]
 def _classify_placeholder(cfg: Config) -> Callable[[pa.Table], dict[str, pa.Array]]:
     """The first label with uniform probabilities (no TensorFlow); null where the head's
     languages do not hold the row's ``language``, as the real stage."""
-    labels, training = read_classifier_meta(cfg.classify.resolved_model_dir())
-    k = len(labels)
-
-    languages = head_languages(training)
+    heads = {"": cfg.classify.resolved_model_dir(), **cfg.classify.head_dirs()}
+    metas = {name: read_classifier_meta(folder) for name, folder in heads.items()}
 
     def columns(table: pa.Table) -> dict[str, pa.Array]:
         n = table.num_rows
-        probs = np.full((n, k), 1.0 / k, np.float32)
-        label, score = label_columns(probs, labels, unlabelled_mask(table, languages))
-        return {
-            LABEL: label,
-            SCORE: score,
-            PROBS: _fixed_size_rows(np.full(k, 1.0 / k, np.float32), n),
-        }
+        out: dict[str, pa.Array] = {}
+        for name, (labels, training) in metas.items():
+            k = len(labels)
+            probs = np.full((n, k), 1.0 / k, np.float32)
+            mask = unlabelled_mask(table, head_languages(training))
+            label, score = label_columns(probs, labels, mask)
+            names = head_columns(name) if name else (LABEL, SCORE)
+            # an extra head's probabilities: keyed by their field (its labels ride in it)
+            key: Any = head_probs_field(name, labels) if name else PROBS
+            out |= {names[0]: label, names[1]: score, key: _fixed_size_rows(probs[0], n)}
+        return out
 
     return columns
 

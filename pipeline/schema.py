@@ -5,6 +5,7 @@ The output contract lives in docs/design.md; this module is its single source in
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 
@@ -143,8 +144,53 @@ def label_count_column(label: str) -> str:
     return f"n_{slug}"
 
 
-def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
-    """The documents table; ``entities``: the run has the entities stage (``entity_ids``)."""
+# Extra classifier heads ([classify.heads] NAME = "DIR"): each adds NAME_label (string)
+# and NAME_score (float32) to sentences and documents; the default head's columns stay as
+# they are. Its probabilities travel, internally, in a column ``probs:NAME`` whose field
+# metadata names its labels (the documents table's aggregation reads them; no table
+# writes the column).
+HEAD_PROBS_PREFIX = f"{PROBS}:"
+HEAD_LABELS_META = b"docintel.head_labels"
+
+
+def head_columns(name: str) -> tuple[str, str]:
+    """The label and score columns of the extra head ``name``."""
+    return f"{name}_label", f"{name}_score"
+
+
+def head_probs_field(name: str, labels: Sequence[str]) -> pa.Field:
+    """The internal probabilities column of the extra head ``name`` (its labels in the
+    field's metadata)."""
+    meta = {HEAD_LABELS_META: json.dumps(list(labels)).encode()}
+    return pa.field(
+        f"{HEAD_PROBS_PREFIX}{name}", pa.list_(pa.float32(), len(labels)), metadata=meta
+    )
+
+
+def head_probs(schema: pa.Schema) -> dict[str, list[str]]:
+    """The extra heads whose probabilities a batch's table carries: name -> labels, in
+    column order."""
+    return {
+        f.name.removeprefix(HEAD_PROBS_PREFIX): json.loads(f.metadata[HEAD_LABELS_META])
+        for f in schema
+        if f.name.startswith(HEAD_PROBS_PREFIX) and f.metadata and HEAD_LABELS_META in f.metadata
+    }
+
+
+def head_fields(heads: Sequence[str]) -> list[pa.Field]:
+    """The columns the extra heads ``heads`` add to sentences and documents, in order."""
+    fields = []
+    for name in heads:
+        label, score = head_columns(name)
+        fields += [pa.field(label, pa.string()), pa.field(score, pa.float32())]
+    return fields
+
+
+def documents_schema(
+    labels: list[str], entities: bool = False, heads: Sequence[str] = ()
+) -> pa.Schema:
+    """The documents table; ``entities``: the run has the entities stage (``entity_ids``);
+    ``heads``: the extra classifier heads' names (``NAME_label``, ``NAME_score``)."""
     fields = [
         pa.field(DOC_ID, pa.string(), nullable=False),
         pa.field("status", pa.string(), nullable=False),
@@ -164,7 +210,7 @@ def documents_schema(labels: list[str], entities: bool = False) -> pa.Schema:
     ]
     if entities:
         fields.append(ENTITY_IDS_FIELD)
-    return pa.schema(fields)
+    return pa.schema(fields + head_fields(heads))  # last: a table of runs without them evolves
 
 
 def sentences_schema(

@@ -81,6 +81,7 @@ from docintel.pipeline.schema import (
     ENTITIES,
     ERRORS_SCHEMA,
     documents_schema,
+    head_fields,
     sentences_schema,
 )
 from docintel.pipeline.storage import display_uri
@@ -156,6 +157,7 @@ class WarehouseSink(RunSink):
     ) -> None:
         self.fs, self.root = fs, root
         self.labels, self.stages = tuple(labels), tuple(stages)
+        self.heads = tuple(cfg.classify.heads)  # the extra heads' names (their columns)
         self.embeddings = cfg.run.embeddings
         self.output = cfg.output
         self.storage = cfg.storage
@@ -239,8 +241,8 @@ class WarehouseSink(RunSink):
         stages' own sentence columns come with the first batch)."""
         dim = 1 if self.embeddings else None  # no fixed-size lists: list<float>, any size
         return {
-            "documents": documents_schema(list(self.labels), ENTITIES in self.stages),
-            "sentences": sentences_schema(dim, self.stages),
+            "documents": documents_schema(list(self.labels), ENTITIES in self.stages, self.heads),
+            "sentences": sentences_schema(dim, self.stages, head_fields(self.heads)),
             "errors": ERRORS_SCHEMA,
         }
 

@@ -69,6 +69,7 @@ from docintel.pipeline.schema import (
     ENTITIES,
     ERRORS_SCHEMA,
     documents_schema,
+    head_fields,
     sentences_schema,
 )
 from docintel.pipeline.storage import display_uri, is_local, s3_error
@@ -159,6 +160,7 @@ _HOW = {
     "stages": "[pipeline] stages",
     "watch_lists": "--watch-list ([entities] lists, min_similarity)",
     "models": "the models of the config's stage sections",
+    "heads": "--classifier ([classify.heads])",
 }
 
 
@@ -185,6 +187,8 @@ def plan_key(p: Plan) -> dict[str, Any]:
         # each watch list's name, content hash and size (None: no entities stage)
         "watch_lists": watch_lists_record(cfg) if ENTITIES in p.stages else None,
         "models": dict(p.versions),
+        # the extra classifier heads, name -> version (their columns shape the rows)
+        "heads": {h["name"]: h["version"] for h in p.heads},
     }
 
 
@@ -595,6 +599,8 @@ class RunOutput:
             "models": models,
             "stages": list(p.stages),  # the chain, in order (the report orders by it)
             "labels": p.labels,
+            # the extra classifier heads ([classify.heads]): name, dir, version, labels
+            "heads": p.heads,
             "counts": {
                 "documents": summary.documents,
                 "sentences": summary.sentences,
@@ -636,9 +642,10 @@ def empty_schemas(p: Plan) -> dict[str, pa.Schema]:
     chain = registry.resolve(p.cfg, p.chain)
     dims = [f.embedding_dim for spec in chain for f in [spec.check(p.cfg)] if f.embedding_dim]
     dim = dims[0] if dims and p.cfg.run.embeddings else None
+    heads = [h["name"] for h in p.heads]
     return {
-        "documents": documents_schema(list(p.labels), ENTITIES in p.stages),
-        "sentences": sentences_schema(dim, list(p.stages)),
+        "documents": documents_schema(list(p.labels), ENTITIES in p.stages, heads),
+        "sentences": sentences_schema(dim, list(p.stages), head_fields(heads)),
         "errors": ERRORS_SCHEMA,
     }
 

@@ -56,6 +56,7 @@ from docintel.pipeline.schema import (
     EMBEDDING,
     ENTITIES,
     ENTITY_IDS,
+    HEAD_PROBS_PREFIX,
     LABEL,
     LANGUAGE,
     N_TOKENS,
@@ -65,6 +66,8 @@ from docintel.pipeline.schema import (
     TRUNCATED,
     backend_column,
     documents_schema,
+    head_columns,
+    head_probs,
     label_count_column,
     model_column,
     sentences_schema,
@@ -179,7 +182,29 @@ def documents_table(batch: Batch, labels: list[str]) -> pa.Table:
     entities = ENTITIES in sents.column_names  # the run has the entities stage
     if entities:
         cols[ENTITY_IDS] = document_entity_ids(sents, idx, n)
-    return pa.table(cols, schema=documents_schema(labels, entities))
+    heads = head_probs(sents.schema)  # the extra heads, from their probabilities' columns
+    for name, head_labels in heads.items():
+        cols.update(_head_document_columns(sents, idx, n, name, head_labels))
+    return pa.table(cols, schema=documents_schema(labels, entities, list(heads)))
+
+
+def _head_document_columns(
+    sents: pa.Table, idx: np.ndarray, n: int, name: str, labels: list[str]
+) -> dict[str, pa.Array]:
+    """An extra head's document label (the arg-max of the mean of its labelled sentences'
+    probabilities) and that mean probability; null for a document without labelled ones."""
+    k = len(labels)
+    column = sents[f"{HEAD_PROBS_PREFIX}{name}"].combine_chunks()
+    probs = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
+    label_col, score_col = head_columns(name)
+    labelled = pc.is_valid(sents[label_col]).to_numpy(zero_copy_only=False).astype(bool)
+    mean, has = _mean_probs(idx[labelled], probs[labelled], n)
+    top = mean.argmax(axis=1)
+    names = np.asarray(labels, dtype=object)[top]
+    return {
+        label_col: pa.array(names.tolist(), pa.string(), mask=~has),
+        score_col: pa.array(mean[np.arange(n), top], pa.float32(), mask=~has),
+    }
 
 
 def _label_columns(sents: pa.Table, idx: np.ndarray, n: int, labels: list[str]) -> dict[str, Any]:
@@ -192,14 +217,10 @@ def _label_columns(sents: pa.Table, idx: np.ndarray, n: int, labels: list[str]) 
     unlabelled = (~labelled).astype(np.int64)
     n_unlabelled = np.bincount(idx, weights=unlabelled, minlength=n).astype(np.int32)
     idx, probs = idx[labelled], probs[labelled]
-    n_labelled = np.bincount(idx, minlength=n)
-    prob_sum = np.zeros((n, k), dtype=np.float64)
-    np.add.at(prob_sum, idx, probs)
     best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
     counts = np.zeros((n, k), dtype=np.int32)
     np.add.at(counts, (idx, best), 1)
-    has = n_labelled > 0
-    mean = np.divide(prob_sum, n_labelled[:, None], out=np.zeros_like(prob_sum), where=has[:, None])
+    mean, has = _mean_probs(idx, probs, n)
     top = mean.argmax(axis=1)
     cols: dict[str, Any] = {N_UNLABELLED: n_unlabelled}
     for j, lb in enumerate(labels):
@@ -213,13 +234,24 @@ def _label_columns(sents: pa.Table, idx: np.ndarray, n: int, labels: list[str]) 
     return cols
 
 
+def _mean_probs(idx: np.ndarray, probs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each of ``n`` documents' mean probability vector over its sentences (rows of
+    ``probs``, document ``idx``), and whether it has any (a mean of zeros where not)."""
+    count = np.bincount(idx, minlength=n)
+    total = np.zeros((n, probs.shape[1]), dtype=np.float64)
+    np.add.at(total, idx, probs)
+    has = count > 0
+    return np.divide(total, count[:, None], out=np.zeros_like(total), where=has[:, None]), has
+
+
 def sentences_table(batch: Batch, embeddings: bool) -> pa.Table:
     """The batch's sentence rows as written.
 
     The chain is whatever stages ran, in the order run_stage recorded their backends;
     columns the contract does not name were added by user-defined stages and are kept with
     their own types, in table order, so a new stage needs no change here."""
-    t = batch.table.drop_columns([PROBS])
+    internal = [c for c in batch.table.column_names if c.startswith(HEAD_PROBS_PREFIX)]
+    t = batch.table.drop_columns([PROBS, *internal])  # the heads' probabilities: internal
     if PAGE not in t.column_names:
         t = t.append_column(PAGE, page_column(batch, t))
     if LANGUAGE not in t.column_names:  # a chain without the language stage (tests, tools)

@@ -9,6 +9,7 @@ torch or TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -64,6 +65,8 @@ class Plan:
     # The stages, resolved once (registry.chain: user stages imported, specs, backends,
     # columns): layout, replica builds, artefacts and split caps all read this one.
     chain: registry.Chain | None = None
+    # the classifier's extra heads ([classify.heads]), each {name, dir, version, labels}
+    heads: list[dict[str, Any]] = field(default_factory=list)
 
 
 def check_models(
@@ -75,25 +78,30 @@ def check_models(
     ModelError if a model is missing or mismatched (each stage's registry check), or an
     int8 artefact the layouts run is missing (default: any layout this run may start)."""
     specs = registry.resolve(cfg, specs)
-    labels, versions = check_stages(cfg, specs)
+    labels, versions, _ = check_stages(cfg, specs)
     if layouts is None:
         layouts = _layouts(cfg, expected_shape(cfg), specs)
     _check_int8(specs, layouts)
     return labels, versions, []
 
 
-def check_stages(cfg: Config, specs: registry.Chain) -> tuple[list[str], dict[str, str]]:
+def check_stages(
+    cfg: Config, specs: registry.Chain
+) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
     """Each stage's registry check of its source models (present, matching: a head
-    trained on another encoder is refused): the labels and the versions it knows."""
+    trained on another encoder is refused): the labels, the versions it knows and the
+    classifier's extra heads."""
     labels: list[str] = []
     versions: dict[str, str] = {}
+    heads: list[dict[str, Any]] = []
     for spec in specs:
         facts = spec.check(cfg)
         if facts.version is not None:
             versions[spec.name] = facts.version
         if facts.labels is not None:
             labels = facts.labels
-    return labels, versions
+        heads = facts.heads or heads
+    return labels, versions, heads
 
 
 def _gpus(cfg: Config) -> int:
@@ -153,7 +161,7 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     shape = expected_shape(cfg, gpus)
     layouts = _layouts(cfg, shape, specs)
     # the source models first: nothing is built from a model the run refuses
-    labels, versions = check_stages(cfg, specs)
+    labels, versions, heads = check_stages(cfg, specs)
     ensure_derived(cfg, layouts=layouts, chain=specs)
     _check_int8(specs, layouts)
     warnings: list[str] = []
@@ -168,5 +176,5 @@ def prepare(cfg: Config, input_uri: str) -> Plan:
     return Plan(
         cfg, input_uri, fs, files, units, n_docs, labels, versions, warnings, skipped,
         stages=specs.names, shape=shape, layout=layouts[0] if shape is not None else None,
-        chain=specs.with_config(cfg),
+        chain=specs.with_config(cfg), heads=heads,
     )  # fmt: skip

@@ -6,16 +6,18 @@ training.json, ``calibration``) to what its graph outputs, with the same numpy c
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from docintel.pipeline.artefacts.paths import (
     CLASSIFIER_MODEL_FILE,
@@ -26,9 +28,12 @@ from docintel.pipeline.artefacts.paths import (
     classifier_int8_path,
 )
 from docintel.pipeline.artefacts.versions import fingerprint
-from docintel.pipeline.errors import ModelError
+from docintel.pipeline.errors import ConfigError, ModelError
 from docintel.pipeline.schema import (
+    CONTENT,
+    DOCUMENT_META_SCHEMA,
     EMBEDDING,
+    ENTITIES,
     KERAS,
     LABEL,
     LANGUAGE,
@@ -37,6 +42,10 @@ from docintel.pipeline.schema import (
     PROBS,
     SCORE,
     backend_label,
+    documents_schema,
+    head_columns,
+    head_probs_field,
+    sentences_schema,
 )
 from docintel.pipeline.settings import DEFAULT_MODEL_NAME, Settings, onnx_alias
 from docintel.pipeline.stages.base import Placement, Stage
@@ -61,20 +70,114 @@ class ClassifyConfig(Settings):
     # Keras.
     cpu_runtime: Literal["onnx-fp32", "keras"] = ONNX_FP32
 
+    # Extra heads beside the default one ([classify.heads] NAME = "DIR", `docintel run
+    # --classifier NAME=DIR`): each adds NAME_label and NAME_score to sentences/ and
+    # documents/, computed in the same classify call per batch; the default head's columns
+    # are unchanged. Each must be trained on the run's encoder.
+    heads: dict[str, str] = Field(default_factory=dict)
+
     _onnx_alias = field_validator("cpu_runtime", mode="before")(onnx_alias)
 
-    def resolved_model_dir(self) -> Path:
-        from docintel.pipeline.artefacts.paths import (
-            BUNDLED_STOCK_CLASSIFIER_NAME,
-            STOCK,
-            bundled_classifier_dir,
-        )
+    @model_validator(mode="after")
+    def _check_heads(self) -> ClassifyConfig:
+        check_head_names(list(self.heads), "[classify.heads]")
+        for name, folder in self.heads.items():
+            if not isinstance(folder, str) or not folder.strip():
+                raise ValueError(f"[classify.heads] {name} must name a head folder")
+        return self
 
-        if self.model_dir == STOCK:
-            return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
-        if self.model_dir and self.model_dir != DEFAULT_MODEL_NAME:
-            return Path(self.model_dir).expanduser()
-        return bundled_classifier_dir()
+    def resolved_model_dir(self) -> Path:
+        return resolve_head_dir(self.model_dir)
+
+    def head_dirs(self) -> dict[str, Path]:
+        """Each extra head's folder, by name, in declaration order."""
+        return {name: resolve_head_dir(folder) for name, folder in self.heads.items()}
+
+    def for_head(self, name: str) -> ClassifyConfig:
+        """This section as if the extra head ``name`` were the only head."""
+        return self.model_copy(update={"model_dir": self.heads[name], "heads": {}})
+
+
+def resolve_head_dir(model_dir: str) -> Path:
+    """A classifier folder as the config names it ("" / "default": the bundled head on the
+    default encoder; "stock": the bundled head on the stock MiniLM; else a path)."""
+    from docintel.pipeline.artefacts.paths import (
+        BUNDLED_STOCK_CLASSIFIER_NAME,
+        STOCK,
+        bundled_classifier_dir,
+    )
+
+    if model_dir == STOCK:
+        return bundled_classifier_dir(BUNDLED_STOCK_CLASSIFIER_NAME)
+    if model_dir and model_dir != DEFAULT_MODEL_NAME:
+        return Path(model_dir).expanduser()
+    return bundled_classifier_dir()
+
+
+HEAD_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+HEAD_NAME_MAX = 40
+# Names an extra head may not take: a contract column (its NAME.label and the NAME_label
+# columns would be ambiguous), "n" and "n_..." (the default head's per-label counts are
+# n_<label>), and the words the output speaks of.
+_RESERVED_HEAD_NAMES = frozenset({"n", "document", "documents", "sentence", "sentences"})
+
+
+def contract_columns() -> frozenset[str]:
+    """Every column the output contract names (sentences and documents, without the
+    default head's n_<label> counts), and the built-in stages' internal ones."""
+    docs = documents_schema([], entities=True).names
+    return frozenset(
+        {*sentences_schema(1, ()).names, *docs, *DOCUMENT_META_SCHEMA.names, PROBS, CONTENT}
+        | {ENTITIES, "pii"}
+    )
+
+
+def check_head_names(names: list[str], where: str, taken: frozenset[str] = frozenset()) -> None:
+    """Refuse (ConfigError) an extra head's name that is not a lower-case identifier, is
+    given twice (case-insensitively), or whose columns clash with a contract column or one
+    of ``taken`` (other stages' columns)."""
+    seen: dict[str, str] = {}
+    columns = contract_columns() | taken
+    for name in names:
+        if name.lower() in seen:
+            raise ConfigError(
+                f"{where}: two heads are named {name!r} (names are case-insensitive); give "
+                "each head its own name"
+            )
+        seen[name.lower()] = name
+        if not HEAD_NAME.match(name) or len(name) > HEAD_NAME_MAX:
+            raise ConfigError(
+                f"{where}: head name {name!r} is not a lower-case identifier (letters, "
+                f"digits and _, starting with a letter, at most {HEAD_NAME_MAX} characters)"
+            )
+        made = head_columns(name)
+        clash = sorted(c for c in (name, *made) if c in columns)
+        if clash or name in _RESERVED_HEAD_NAMES or name.startswith("n_"):
+            said = f"its column {clash[-1]!r} is" if clash else "it is reserved, and"
+            raise ConfigError(
+                f"{where}: head name {name!r} clashes with the output contract ({said} "
+                f"already a column or name); choose another name (it makes {made[0]} and "
+                f"{made[1]})"
+            )
+
+
+def parse_head_options(options: list[str], configured: dict[str, str]) -> dict[str, str]:
+    """``--classifier NAME=DIR`` options merged after the config's ``[classify.heads]``;
+    a name given twice (in either, case-insensitively) is refused (ConfigError)."""
+    heads = dict(configured)
+    for option in options:
+        name, sep, folder = option.partition("=")
+        name, folder = name.strip(), folder.strip()
+        if not sep or not name or not folder:
+            raise ConfigError(f"--classifier {option!r}: expected NAME=DIR, e.g. topic=heads/topic")
+        if name.lower() in {n.lower() for n in heads}:
+            raise ConfigError(
+                f"--classifier {name}: a head named {name!r} is already declared (by "
+                "[classify.heads] or another --classifier; names are case-insensitive)"
+            )
+        heads[name] = folder
+    check_head_names(list(heads), "--classifier")
+    return heads
 
 
 CALIBRATION_KEY = "calibration"  # training.json: {"method": "temperature", "temperature": T}
@@ -231,14 +334,35 @@ class Classifier(Stage):
         self.labels: list[str] = []
         self.temperature = 1.0  # the head's calibration (training.json), read by setup
         self.languages: list[str] = list(DEFAULT_HEAD_LANGUAGES)  # training.json, by setup
+        # the extra heads ([classify.heads]), by name: loaded by setup on the same runtime
+        self.heads: dict[str, Classifier] = {}
 
     def setup(self) -> None:
+        self.backend = configure_tf(self.placement)
+        self._load()
+        self.heads = self._extra_heads()
+
+    def _extra_heads(self) -> dict[str, Classifier]:
+        """Each extra head as a copy of this stage (same runtime, threads, cache folder)
+        that loads its own folder: its labels, calibration, languages and weights."""
+        heads: dict[str, Classifier] = {}
+        for name in self.cfg.heads:
+            head = copy.copy(self)
+            head.cfg, head.heads = self.cfg.for_head(name), {}
+            if hasattr(head, "artefact"):
+                head.artefact = None  # a benchmark's variant is the default head's only
+            head._load(first=False)
+            heads[name] = head
+        return heads
+
+    def _load(self, first: bool = True) -> None:
+        """Load the head ``self.cfg`` names (the runtime is configured; ``first``: TF's
+        threads are set by the first head's load, before TF runs anything)."""
         model_dir = self.cfg.resolved_model_dir()
         self.labels, training = read_classifier_meta(model_dir)
         self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
         self.languages = head_languages(training, str(model_dir / TRAINING_FILE))
-        self.backend = configure_tf(self.placement)
-        self.model = load_keras(model_dir / CLASSIFIER_MODEL_FILE, self.threads)
+        self.model = load_keras(model_dir / CLASSIFIER_MODEL_FILE, self.threads if first else 0)
         n_out = int(self.model.output_shape[-1])
         if n_out != len(self.labels):
             raise ModelError(
@@ -268,17 +392,29 @@ class Classifier(Stage):
         emb = table[EMBEDDING].combine_chunks()
         dim = emb.type.list_size
         x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        label, score, probs = self._columns(table, x)
+        table = table.append_column(LABEL, label).append_column(SCORE, score)
+        table = table.append_column(PROBS, probs)
+        for name, head in self.heads.items():  # the extra heads, on the same embeddings
+            label, score, probs = head._columns(table, x)
+            label_col, score_col = head_columns(name)
+            table = table.append_column(label_col, label).append_column(score_col, score)
+            table = table.append_column(head_probs_field(name, head.labels), probs)
+        return table
+
+    def _columns(self, table: pa.Table, x: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """This head's label, score and probabilities of each row of ``x``."""
         probs = self.predict(x).astype(np.float32)
         # a sentence in a language the head was not trained on: null label and score (its
         # probabilities stay in the internal probs column, which no table writes)
         unlabelled = unlabelled_mask(table, self.languages)
         labels, score = label_columns(probs, self.labels, unlabelled)
         flat = pa.array(probs.reshape(-1), pa.float32())
-        table = table.append_column(LABEL, labels).append_column(SCORE, score)
-        return table.append_column(PROBS, pa.FixedSizeListArray.from_arrays(flat, len(self.labels)))
+        return labels, score, pa.FixedSizeListArray.from_arrays(flat, len(self.labels))
 
     def teardown(self) -> None:
         self.model = None
+        self.heads = {}
 
 
 class OnnxClassifier(Classifier):
@@ -314,6 +450,10 @@ class OnnxClassifier(Classifier):
         return self.artefact or classifier_fp32_path(self.int8_dir, self.cfg.resolved_model_dir())
 
     def setup(self) -> None:
+        self._load()
+        self.heads = self._extra_heads()
+
+    def _load(self, first: bool = True) -> None:  # noqa: ARG002 (no process-wide setup)
         model_dir = self.cfg.resolved_model_dir()
         self.labels, training = read_classifier_meta(model_dir)
         self.temperature = temperature_of(training, str(model_dir / TRAINING_FILE))
@@ -369,6 +509,7 @@ class OnnxClassifier(Classifier):
 
     def teardown(self) -> None:
         self.session = None
+        self.heads = {}
 
 
 class Int8Classifier(OnnxClassifier):

@@ -77,6 +77,8 @@ class StageFacts:
     version: str | None = None  # the model's version, where the driver can know it
     labels: list[str] | None = None  # the classifier's label names (documents columns)
     embedding_dim: int | None = None  # the size of the embeddings it writes, if any
+    # the classifier's extra heads ([classify.heads]): name, dir, version, labels each
+    heads: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
