@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,10 +22,44 @@ from docintel.pipeline.config import EmbedConfig, load_config
 from docintel.pipeline.errors import DocintelError, UsageError
 
 TrainDataArg = Annotated[
-    Path,
+    Path | None,
     typer.Argument(
-        help="Labelled CSV or Parquet with text,label columns.", exists=True, dir_okay=False
+        help="Labelled CSV or Parquet with text,label columns: sentences, or whole documents "
+        "with --documents. Not given with --descriptions.",
+        metavar="DATA",
+        exists=True,
+        dir_okay=False,
     ),
+]
+DescriptionsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--descriptions",
+        metavar="FILE",
+        help="Build a zero-shot head from label descriptions, without labelled data: a "
+        '\\[labels] table (label = "description" or a list of them) and an optional '
+        "\\[examples] table (label = a few sentences). Scores are softmax(20 x cosine to "
+        "each label's prototype), calibrated only when \\[examples] are given "
+        "(docs/models.md). Default: none (train on DATA).",
+        dir_okay=False,
+    ),
+]
+DocumentsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--documents",
+        help="DATA (and --score-on files) hold whole documents: each is split by the "
+        "pipeline's sentencizer, its sentences learn its label (each document weighing "
+        "once), the hold-out is drawn by document and metrics.json reports document "
+        "accuracy and macro-F1 (a document's label: the arg-max of its sentences' mean "
+        "probabilities, as a run labels it).",
+    ),
+]
+TextColumnOpt = Annotated[
+    str, typer.Option("--text-column", help="With --documents: the text column of DATA.")
+]
+LabelColumnOpt = Annotated[
+    str, typer.Option("--label-column", help="With --documents: the label column of DATA.")
 ]
 EvalDataArg = Annotated[
     Path,
@@ -248,8 +283,8 @@ def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tu
 
 
 def train(
-    data: TrainDataArg,
     out_dir: OutDirOpt,
+    data: TrainDataArg = None,
     config: ConfigOpt = None,
     label_names: LabelNamesOpt = None,
     seed: SeedOpt = 0,
@@ -262,16 +297,23 @@ def train(
     normalise_text: NormaliseTextOpt = False,
     add_data: AddDataOpt = None,
     languages: LanguagesOpt = "en",
+    descriptions: DescriptionsOpt = None,
+    documents: DocumentsOpt = False,
+    text_column: TextColumnOpt = "text",
+    label_column: LabelColumnOpt = "label",
     progress: ProgressOpt = True,
 ) -> None:
     """Train the Keras classifier head on embeddings of a labelled file; with --fine-tune,
-    fine-tune the encoder on it first.
+    fine-tune the encoder on it first; with --descriptions, build a zero-shot head from
+    label descriptions; with --documents, train on labelled whole documents.
 
-    Holds out a stratified 10% of DATA for early stopping, epoch selection and metrics;
-    writes model.keras, labels.json, training.json and metrics.json to --out, and with
-    --fine-tune the encoder to OUT/encoder/ (run it with \\[embed] model_path = OUT/encoder
-    and \\[classify] model_dir = OUT). The fine-tuned encoder's embeddings are tuned to these
-    labels: keep the stock encoder for general-purpose embeddings.
+    Holds out a stratified 10% of DATA (of its documents with --documents) for early
+    stopping, epoch selection and metrics; writes model.keras, labels.json, training.json
+    and metrics.json to --out, and with --fine-tune the encoder to OUT/encoder/ (run it
+    with \\[embed] model_path = OUT/encoder and \\[classify] model_dir = OUT). The
+    fine-tuned encoder's embeddings are tuned to these labels: keep the stock encoder for
+    general-purpose embeddings. Heads are trained on the encoder they run with (--encoder,
+    else \\[embed] model_path).
 
     Example:
 
@@ -280,27 +322,162 @@ def train(
       docintel train in.csv --out my-head --label-names Bearish,Bullish,Neutral
 
       docintel train labelled.csv --out my-model --fine-tune --encoder stock
+
+      docintel train --descriptions data/news_topics/labels.toml --out topics-zs
+
+      docintel train data/news_topics/train.csv --documents --out topics-docs
     """
+    langs = _languages(languages)
+    _check_train_mode(data, descriptions, documents, fine_tune, add_data, normalise_text)
+    how = _TrainRun(config, encoder, seed, score_on or [], (text_column, label_column), langs)
+    if descriptions is not None or documents:
+        _train_topics(data, out_dir, descriptions, documents, how)
+        return
+    assert data is not None  # _check_train_mode
+    show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
+    what = (head, method, epochs, fine_tune, normalise_text, add_data or [])
+    _train_sentences(data, out_dir, how, _names(label_names), what, show)
+
+
+def _train_sentences(
+    data: Path,
+    out_dir: Path,
+    how: _TrainRun,
+    label_names: list[str] | None,
+    what: tuple[str, str, int, bool, bool, list[Path]],
+    show: bool,
+) -> None:
+    """`train DATA`: a head on labelled sentences (``what``: head, method, epochs,
+    fine-tune, normalise-text, add-data), with the fine-tuning's progress bar."""
     from docintel.pipeline.offline.train import train as do_train
 
-    show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
-    langs = _languages(languages)
+    head, method, epochs, fine_tune, normalise_text, add_data = what
+    t0 = time.perf_counter()
     try:
         head_params, params = _training_params(head, method, epochs, fine_tune)
-        embed = _embed_cfg(load_config(config).embed, encoder)
-        t0 = time.perf_counter()
+        embed = _embed_cfg(load_config(how.config).embed, how.encoder)
         with _fine_tune_progress(show) as bar:
             if params is None:
                 bar.console.print("embedding texts and training the head")
             kwargs = {"fine_tune": params, "monitor": _FineTuneBar(bar), "params": head_params}
-            kwargs |= {"score_on": score_on or [], "normalise": normalise_text}
-            kwargs |= {"more_data": add_data or [], "languages": langs}
-            m = do_train(data, out_dir, embed, _names(label_names), seed=seed, **kwargs)
+            kwargs |= {"score_on": how.score_on, "normalise": normalise_text}
+            kwargs |= {"more_data": add_data, "languages": how.languages}
+            m = do_train(data, out_dir, embed, label_names, seed=how.seed, **kwargs)
     except DocintelError as e:
         fail(e)
     took = f"{(time.perf_counter() - t0) / 60:.1f} min"
     print_metrics(m, f"held-out split of {data.name} -> {out_dir} ({took})")
     print_calibration(out_dir)
+
+
+def _check_train_mode(
+    data: Path | None,
+    descriptions: Path | None,
+    documents: bool,
+    fine_tune: bool,
+    add_data: list[Path] | None,
+    normalise_text: bool,
+) -> None:
+    """Refuse (exit 2) DATA and --descriptions together or neither, and the options a
+    zero-shot or document-trained head does not take."""
+    if descriptions is None and data is None:
+        raise typer.BadParameter("give DATA (a labelled file) or --descriptions LABELS.toml")
+    if descriptions is not None and data is not None:
+        raise typer.BadParameter(
+            f"--descriptions builds a head without labelled data: drop DATA ({data.name}), "
+            "or drop --descriptions to train on it"
+        )
+    if descriptions is not None and not descriptions.is_file():
+        raise typer.BadParameter(f"--descriptions {descriptions}: no such file")
+    special = "--descriptions" if descriptions is not None else "--documents"
+    if (descriptions is not None or documents) and (fine_tune or add_data or normalise_text):
+        raise typer.BadParameter(
+            f"{special} does not take --fine-tune, --add-data or --normalise-text"
+        )
+
+
+@dataclass(frozen=True)
+class _TrainRun:
+    """The options of `docintel train` that every kind of head is built with."""
+
+    config: Path | None
+    encoder: str | None
+    seed: int
+    score_on: list[Path]
+    columns: tuple[str, str]  # text, label (--documents)
+    languages: list[str]
+
+
+def _train_topics(
+    data: Path | None,
+    out_dir: Path,
+    descriptions: Path | None,
+    documents: bool,
+    how: _TrainRun,
+) -> None:
+    """`train --descriptions` and `train DATA --documents`: build, score, print."""
+    from docintel.pipeline.offline import documents as docs
+    from docintel.pipeline.offline.zeroshot import build_zeroshot
+
+    t0 = time.perf_counter()
+    try:
+        cfg = load_config(how.config)
+        embed = _embed_cfg(cfg.embed, how.encoder)
+        if descriptions is not None:
+            with console.status("embedding the descriptions"):
+                record = build_zeroshot(descriptions, out_dir, embed, how.languages)
+            _print_zero_shot(record, out_dir)
+        else:
+            assert data is not None  # _check_train_mode
+            with console.status("sentencizing and embedding the documents, training the head"):
+                m = docs.train_documents(
+                    data,
+                    out_dir,
+                    embed,
+                    cfg.sentencize,
+                    seed=how.seed,
+                    languages=how.languages,
+                    columns=how.columns,
+                )
+            took = f"{(time.perf_counter() - t0) / 60:.1f} min"
+            title = f"held-out documents of {data.name} -> {out_dir} ({took})"
+            _print_documents(m, escape(safe(title)))
+            print_calibration(out_dir)
+        with console.status("scoring"):
+            scored = docs.scored_files(
+                out_dir, how.score_on, embed, cfg.sentencize, documents, how.columns
+            )
+    except DocintelError as e:
+        fail(e)
+    for name, m in scored.items():
+        title = f"{out_dir} on {name}"
+        (_print_documents if documents else print_metrics)(m, escape(safe(title)))
+
+
+def _print_zero_shot(record: dict[str, Any], out_dir: Path) -> None:
+    """What the zero-shot head is and how its scores are scaled."""
+    from docintel.pipeline.offline.zeroshot import ZERO_SHOT_KEY
+
+    zs = record[ZERO_SHOT_KEY]
+    n = sum(zs["descriptions"].values())
+    ex = sum(zs["examples"].values())
+    out.print(
+        f"zero-shot head: {len(zs['descriptions'])} labels, {n} descriptions, {ex} examples "
+        f"-> {escape(safe(out_dir))}; scores: {zs['scores']}",
+        highlight=False,
+    )
+    print_calibration(out_dir)
+
+
+def _print_documents(m: dict[str, Any], title: str) -> None:
+    """Document-level metrics as print_metrics prints them, then the sentence level."""
+    print_metrics(m, f"{title}, document level")
+    s = m["sentences"]
+    out.print(
+        f"sentence level (each sentence against its document's label): accuracy "
+        f"{s['accuracy']:.4f}, macro-F1 {s['macro_f1']:.4f} (n={s['n']:,})",
+        highlight=False,
+    )
 
 
 def _languages(value: str) -> list[str]:

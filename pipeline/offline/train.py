@@ -205,10 +205,12 @@ def fit_head(
     params: HeadParams,
     seed: int,
     curve: list[float] | None = None,
+    sample_weight: np.ndarray | None = None,
 ) -> Any:
     """An ensemble of ReLU MLPs, each with its own class-weighted cross-entropy, averaged in
     one Keras model; the weights with the best hold-out macro-F1 are kept. ``curve``, if
-    given, receives the hold-out macro-F1 after every epoch."""
+    given, receives the hold-out macro-F1 after every epoch; ``sample_weight``, if given,
+    replaces the class weighting (one weight per training row)."""
     import os
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -219,7 +221,7 @@ def fit_head(
     keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()  # same seed, same weights
     trainer, model = _ensemble(keras, x.shape[1], n_classes, params)
-    weights = _balanced_sample_weights(y, n_classes)
+    weights = _balanced_sample_weights(y, n_classes) if sample_weight is None else sample_weight
     onehot = keras.utils.to_categorical(y, n_classes)
     names = [str(i) for i in range(n_classes)]
     best = _KeepBest(params.patience, curve)
