@@ -39,7 +39,9 @@ TopOpt = Annotated[int, typer.Option("--top", help="Hits per query, 1 to 1,000."
 LabelOpt = Annotated[
     str | None,
     typer.Option(
-        "--label", help="Only sentences with this label (e.g. Bearish); default: any label."
+        "--label",
+        help="Only sentences with this label (e.g. Bearish), or NAME.label for a label of "
+        "the run's extra head NAME (--classifier); any case. Default: any label.",
     ),
 ]
 MinScoreOpt = Annotated[

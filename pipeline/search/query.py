@@ -24,7 +24,7 @@ query vector (the index only chooses the candidates).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,8 @@ import pyarrow as pa
 from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.config import Config, EmbedConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
-from docintel.pipeline.schema import EMBEDDING, ENTITIES, TEXT, TORCH
+from docintel.pipeline.labels import resolve_label, run_heads
+from docintel.pipeline.schema import EMBEDDING, ENTITIES, LABEL, TEXT, TORCH
 from docintel.pipeline.search import index as ann_index
 from docintel.pipeline.search.keyword import (
     HYBRID,
@@ -323,10 +324,13 @@ def read_queries(path: Path) -> list[str]:
     return queries
 
 
-def check_label(source: SentencesSource, label: str | None) -> None:
-    labels = source.manifest.get("labels") or []
-    if label is not None and labels and label not in labels:
-        raise UsageError(f"--label {label!r}: the run's classifier has labels {', '.join(labels)}")
+def check_label(source: SentencesSource, filters: Filters) -> Filters:
+    """``--label`` as a label of the run's heads (``NAME.label``: the extra head NAME's),
+    matched case-insensitively; UsageError naming the labels there are."""
+    if filters.label is None or not source.manifest.get("labels"):
+        return filters
+    ref = resolve_label(filters.label, run_heads(source.manifest), "--label")
+    return replace(filters, label=ref.label, label_column=ref.label_column)
 
 
 def check_entity(source: SentencesSource, entity_id: str | None) -> None:
@@ -372,7 +376,7 @@ def search(
     check_mode(mode, queries)
     source = SentencesSource.open(output_uri, cfg.storage, cfg)
     dim = source.require_embeddings()
-    check_label(source, filters.label)
+    filters = check_label(source, filters)
     check_entity(source, filters.entity_id)
     encoder = encoder or QueryEncoder(cfg.embed)
     encoder.check(source.manifest, source.uri)
@@ -382,6 +386,8 @@ def search(
     index, note = (None, "exact scan (--exact)") if exact else ann_index.find(source, mode)
     if index is not None and filters.entity_id is not None:  # the index has no entities
         index, note = None, "exact scan (--entity: the index holds no entities column)"
+    if index is not None and filters.label_column != LABEL:  # nor the extra heads' labels
+        index, note = None, "exact scan (--label of an extra head: not in the index)"
     if index is not None and filters.doc_ids is None:
         hits = ann_index.query(index, vectors, top, filters, texts=queries, mode=mode)
         used = True

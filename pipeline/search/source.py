@@ -180,17 +180,19 @@ class Filters:
     doc_prefix: str | None = None
     doc_ids: frozenset[str] | None = None
     entity_id: str | None = None
+    label_column: str = LABEL  # an extra head's (--label NAME.label): NAME_label
 
     @property
     def columns(self) -> tuple[str, ...]:
         """The columns the filters read beyond the hit columns."""
-        return (ENTITIES,) if self.entity_id is not None else ()
+        head = (self.label_column,) if self.label_column != LABEL else ()
+        return head + ((ENTITIES,) if self.entity_id is not None else ())
 
     def mask(self, batch: pa.RecordBatch) -> pa.ChunkedArray | pa.Array | None:
         """The rows of ``batch`` that pass (None: every row)."""
         parts = []
         if self.label is not None:
-            parts.append(pc.equal(batch[LABEL], self.label))
+            parts.append(pc.equal(batch[self.label_column], self.label))
         if self.min_score is not None:
             parts.append(pc.greater_equal(batch[SCORE], float(self.min_score)))
         if self.doc_prefix:
@@ -210,7 +212,7 @@ class Filters:
         """The same filter as a SQL predicate (Lance's ``filter``); strings quoted."""
         parts = []
         if self.label is not None:
-            parts.append(f"{LABEL} = {_quote(self.label)}")
+            parts.append(f"{self.label_column} = {_quote(self.label)}")
         if self.min_score is not None:
             parts.append(f"{SCORE} >= {float(self.min_score)!r}")
         if self.doc_prefix:
