@@ -165,7 +165,8 @@ def test_watch_list_shows_each_saved_querys_top_sentences_of_the_night(
     run_audit(cfg, str(src), str(out), D1, execute)
     rows = json.loads((out / f"run_date={D1}" / "report.json").read_text())["watch"]
     assert [r["query"] for r in rows] == [queries[0]] * 3 + [queries[1]] * 3
-    assert set(rows[0]) == {"query", "doc_id", "sent_index", "text", "label", "score", "similarity"}
+    keys = {"query", "doc_id", "sent_index", "text", "label", "score", "similarity", "bm25"}
+    assert set(rows[0]) == keys  # ranked as `docintel search` ranks (hybrid: bm25 beside)
     assert rows[0]["doc_id"] == "w7" and rows[0]["text"] == ADDED  # the closest sentence
     night = search(str(out / f"run_date={D1}"), queries, top=3, exact=True)
     pairs = zip(queries, night.hits, strict=True)

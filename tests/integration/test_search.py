@@ -20,6 +20,7 @@ from docintel.pipeline.config import StorageConfig, load_config
 from docintel.pipeline.errors import InputError, ModelError, UsageError
 from docintel.pipeline.search import index as ann_index
 from docintel.pipeline.search.index import IndexParams
+from docintel.pipeline.search.keyword import MODES
 from docintel.pipeline.search.query import QueryEncoder, exact_search, search, watch_hits
 from docintel.pipeline.search.source import HIT_KEYS, Filters, SentencesSource
 from tests.cli.test_cli import docintel
@@ -114,8 +115,11 @@ def test_filters(run_out: Path, encoder: QueryEncoder) -> None:
 
 
 def test_cli_json_lines_and_table(run_out: Path, tmp_path: Path) -> None:
-    r = docintel("search", run_out, QUERY, "--top", "4", "--json", "--label", "Bearish")
+    r = docintel(
+        "search", run_out, QUERY, "--top", "4", "--json", "--label", "Bearish", "--mode", "semantic"
+    )
     assert r.returncode == 0, r.stderr
+    assert "semantic ranking" in r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 4
     assert all(list(row) == list(HIT_KEYS) and row["label"] == "Bearish" for row in rows)
@@ -131,8 +135,9 @@ def test_cli_json_lines_and_table(run_out: Path, tmp_path: Path) -> None:
     assert len(rows) == 4 and all(list(row) == ["query", *HIT_KEYS] for row in rows)
     assert rows[0]["query"] == QUERY
     assert "query 2" in r.stderr and "truncated" in r.stderr
-    r = docintel("search", run_out, QUERY, "--top", "3")  # the table
+    r = docintel("search", run_out, QUERY, "--top", "3")  # the table, hybrid by default
     assert r.returncode == 0 and "similarity" in r.stdout and QUERY in r.stdout
+    assert "(hybrid)" in r.stdout and "bm25" in r.stdout
 
 
 def test_refusals_exit_2(run_out: Path, tmp_path: Path, ray_cluster) -> None:
@@ -160,7 +165,9 @@ def test_refusals_exit_2(run_out: Path, tmp_path: Path, ray_cluster) -> None:
     (uncommitted / "_manifest.json").unlink()
     r = docintel("search", uncommitted, QUERY)
     assert r.returncode == 2 and "no committed run" in r.stderr and "_manifest.json" in r.stderr
-    for args in (("   ",), (QUERY, "--top", "0"), (QUERY, "--top", "1001"), ()):
+    bad = ((QUERY, "--mode", "fuzzy"), (QUERY, "--mode", "keyword", "--queries", tmp_path / "s"))
+    (tmp_path / "s").write_text("of the\n")  # keyword mode: a query of stop words only
+    for args in (("   ",), (QUERY, "--top", "0"), (QUERY, "--top", "1001"), (), *bad):
         r = docintel("search", run_out, *args)
         assert r.returncode == 2, (args, r.stderr)
 
@@ -208,6 +215,43 @@ def test_index_built_used_and_invalidated(run_out: Path, tmp_path: Path) -> None
     assert search(str(out), [QUERY], top=5).used_index
 
 
+# A company one sentence names: the default encoder ranks that sentence far down for the
+# bare name (~150th of 160), BM25 first (the name is in no other sentence).
+NAME = "Nutrien"
+
+
+def _named(hits: list[dict[str, Any]]) -> list[int]:
+    """The ranks (0-based) of the hits whose text names NAME."""
+    return [i for i, h in enumerate(hits) if NAME in h["text"]]
+
+
+def test_hybrid_finds_a_name_exactly_and_through_the_index(run_out: Path, tmp_path: Path) -> None:
+    """Issue 33 item 6: a keyword-only match is found by keyword and hybrid ranking and
+    missed by the embedding alone, on the exact scan and through the index (which now
+    holds a full-text index beside IVF-PQ); --json carries each hit's bm25."""
+    got = {m: search(str(run_out), [NAME], top=10, exact=True, mode=m) for m in MODES}
+    assert _named(got["keyword"].hits[0]) == [0] and got["keyword"].hits[0][0]["bm25"] > 0
+    assert len(got["keyword"].hits[0]) == 1  # no other sentence has the word
+    assert _named(got["hybrid"].hits[0]) in ([0], [1])  # 1/61 from BM25 alone: first or second
+    assert _named(got["semantic"].hits[0]) == []  # the embedding alone misses it
+    assert all(h["bm25"] is None for h in got["semantic"].hits[0])
+    assert got["hybrid"].mode == "hybrid" and "hybrid ranking, exact scan" in got["hybrid"].note
+    r = docintel("search", run_out, NAME, "--mode", "keyword", "--json", "--exact")
+    (row,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert NAME in row["text"] and row["bm25"] > 0 and "keyword ranking" in r.stderr
+
+    out = _copy(run_out, tmp_path / "out")
+    ann_index.build_index(str(out))
+    for mode in MODES:
+        res = search(str(out), [NAME, QUERY], top=10, mode=mode)
+        assert res.used_index and ("full-text" in res.note) == (mode != "semantic"), res.note
+        for a, b in zip(res.hits, [got[mode].hits[0], None], strict=True):
+            if b is not None:  # a tiny table: IVF-PQ probes every row, BM25 is exact
+                assert [(h["doc_id"], h["sent_index"]) for h in a] == [
+                    (h["doc_id"], h["sent_index"]) for h in b
+                ], mode
+
+
 def test_watch_hits_restricted_to_documents(run_out: Path) -> None:
     ids = {"bank/001", "fund/002", "bank/011"}
     got = watch_hits(str(run_out), [QUERY, "dividend raised"], ids, 3)
@@ -216,6 +260,8 @@ def test_watch_hits_restricted_to_documents(run_out: Path) -> None:
         assert len(hits) == 3 and {h["doc_id"] for h in hits} <= ids
     everything = watch_hits(str(run_out), [QUERY], None, 3)[QUERY]
     assert everything == search(str(run_out), [QUERY], top=3, exact=True).hits[0]
+    # the watch list ranks as search does (hybrid): a watched name is found
+    assert _named(watch_hits(str(run_out), [NAME], None, 3)[NAME]) in ([0], [1])
 
 
 def test_s3_output_exact_and_indexed(
@@ -276,9 +322,18 @@ def test_search_and_index_an_iceberg_warehouse(
     np.testing.assert_allclose(
         [h["similarity"] for h in ice], [h["similarity"] for h in par], atol=1e-5
     )
+    # hybrid on the warehouse's exact scan: the Parquet run's answer, the name found
+    (ice,) = search(str(wh), [NAME], top=10, exact=True).hits
+    (par,) = search(str(run_out), [NAME], top=10, exact=True).hits
+    assert [(h["doc_id"], h["sent_index"], h["bm25"]) for h in ice] == [
+        (h["doc_id"], h["sent_index"], h["bm25"]) for h in par
+    ]
+    assert _named(ice) in ([0], [1])
     record = ann_index.build_index(str(wh))
     assert (wh / "_runs" / "ice1" / "_index" / record["path"]).is_dir()
     res = search(str(wh), [QUERY], top=10)
     assert res.used_index, res.note
+    (indexed,) = search(str(wh), [NAME], top=10, mode="keyword").hits
+    assert _named(indexed) == [0] and len(indexed) == 1
     # the note names the index it used (issue 31 item 5): the run's, under _runs/<id>/
     assert f"{wh}/_runs/ice1/_index/{record['path']}" in res.note
