@@ -489,12 +489,20 @@ class AuditConfig(_Strict):
     source: str = ""  # Parquet file, folder, glob or s3:// prefix, re-read each night
     output: str = ""  # audit root: state, run_date=YYYY-MM-DD/ partitions, reports
     risk_label: str = DEFAULT_RISK_LABEL
+    # The labels the review ranks documents by, of any head: "Bearish" (the default
+    # head's) or "topic.layoffs" (the extra head topic's, [classify.heads]); matched
+    # case-insensitively. [] = [risk_label].
+    risk_labels: list[str] = Field(default_factory=list, max_length=50)
     top_n: int = Field(DEFAULT_REPORT_TOP_N, ge=1)
     trend_runs: int = Field(DEFAULT_TREND_RUNS, ge=1)
     # Saved queries (`docintel search` over each night's new and changed documents): the
     # report's "Watch list" shows each one's watch_top most similar sentences of the night.
     watch: list[str] = Field(default_factory=list, max_length=100)
     watch_top: int = Field(5, ge=1, le=100)
+
+    def risk(self) -> list[str]:
+        """The risk labels as written: ``risk_labels``, else ``[risk_label]``."""
+        return list(self.risk_labels) or [self.risk_label]
 
 
 class _ConfigBase(_Strict):

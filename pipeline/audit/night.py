@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from docintel.pipeline.artefacts.versions import fingerprint
 from docintel.pipeline.audit.changes import describe_changes, diff_index
 from docintel.pipeline.audit.latest import update_latest
 from docintel.pipeline.audit.select import waiting_since
@@ -47,12 +48,14 @@ from docintel.pipeline.audit.tables import (
 )
 from docintel.pipeline.config import Config
 from docintel.pipeline.errors import ConfigError, OutputError, RunFailed, UsageError
+from docintel.pipeline.labels import resolve_labels
 from docintel.pipeline.output.protocol import RunSummary
 from docintel.pipeline.output.sink import BatchStats, resolve_output
 from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.report import REPORT_HTML, REPORT_JSON, write_report
 from docintel.pipeline.run.lease import Lease
 from docintel.pipeline.run.plan import check_models, ensure_derived
+from docintel.pipeline.stages.classify import read_classifier_meta
 
 StartCallback = Callable[[int, int], None]  # (total documents, documents already done)
 BatchCallback = Callable[[BatchStats], None]
@@ -215,7 +218,7 @@ def _audit_one(
         record["watch"] = _watch(cfg, night(day))
     history = _history(lay, state, cfg.audit.trend_runs)
     a = cfg.audit
-    report = write_report(lay.fs, partition, record, history, a.risk_label, a.top_n, night(day))
+    report = write_report(lay.fs, partition, record, history, a.risk(), a.top_n, night(day))
     entry = _state_entry(lay, record, selection, report["counts"])
     audit.lease.renew()  # the state is committed under a claim that is fresh and ours
     audit.lease.check()
@@ -226,16 +229,19 @@ def _audit_one(
 
 
 def _models(cfg: Config, lay: AuditLayout) -> dict[str, str]:
-    """The versions of the night's models; the classifier must know ``[audit] risk_label``.
-    With a warehouse format, it must take the night's rows (else exit 2 here)."""
+    """The versions of the night's models (an extra head's as ``classify.NAME``: a changed
+    head reprocesses); the heads must know the ``[audit] risk_label(s)``. With a warehouse
+    format, it must take the night's rows (else exit 2 here)."""
     ensure_derived(cfg)  # what the night's run will need, built before anything is staged
     labels, versions, _ = check_models(cfg)
-    if cfg.audit.risk_label not in labels:
-        raise ConfigError(
-            f"[audit] risk_label {cfg.audit.risk_label!r} is not a label of the classifier "
-            f"{cfg.classify.resolved_model_dir()} (its labels: {', '.join(labels)}); set "
-            "[audit] risk_label to one of them"
-        )
+    heads = {"": labels}
+    for name, folder in cfg.classify.head_dirs().items():
+        heads[name] = read_classifier_meta(folder)[0]
+        versions = {**versions, f"classify.{name}": fingerprint(folder)}
+    try:
+        resolve_labels(cfg.audit.risk(), heads, "[audit] risk_labels")
+    except UsageError as e:
+        raise ConfigError(f"{e}; set [audit] risk_label or risk_labels to some of them") from e
     check_output(cfg, lay, labels)
     return versions  # per stage: the sentencizer's spaCy pipeline, the models' versions
 

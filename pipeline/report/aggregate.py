@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ import pyarrow.fs as pafs
 
 from docintel.pipeline.errors import ConfigError, InputError, UsageError
 from docintel.pipeline.formats.parquet import ParquetRun
+from docintel.pipeline.labels import LabelRef, label_columns, resolve_labels, risk_of, run_heads
 from docintel.pipeline.output.sink import atomic_write
 from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.report.entities import (
@@ -71,7 +73,7 @@ def write_report(
     run_root: str,
     audit: dict,
     history: list[dict],
-    risk_label: str,
+    risk_label: str | Sequence[str],
     top_n: int,
     tables: RunTables | None = None,
 ) -> dict:
@@ -79,6 +81,9 @@ def write_report(
 
     ``tables``: where the run's rows are, when not in ``run_root`` as Parquet output (an
     audit with Iceberg output: its run's rows of the warehouse's tables).
+
+    ``risk_label``: the risk label, or several (``[audit] risk_labels``: ``NAME.label``
+    for an extra head's), matched case-insensitively against the run's heads.
 
     ``audit`` describes the night (date, run id, new/changed/removed/unchanged counts,
     whether anything ran); ``history`` holds earlier nights' returned dicts, oldest first,
@@ -125,15 +130,17 @@ def build_report(
     tables: RunTables,
     audit: dict,
     history: list[dict],
-    risk_label: str,
+    risk_label: str | Sequence[str],
     top_n: int,
 ) -> dict[str, Any]:
     """The report dict (not yet written): the audit's fields plus what the tables hold."""
     report: dict[str, Any] = dict(audit)
+    risk = [risk_label] if isinstance(risk_label, str) else list(risk_label)
     report.update(
         report_version=REPORT_VERSION,
         generated=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        risk_label=risk_label,
+        risk_label=", ".join(risk),  # as the night's config wrote them; resolved below
+        risk_labels=risk,
         top_n=top_n,
     )
     if audit["ran"]:
@@ -145,13 +152,14 @@ def build_report(
             )
         previous = history[-1] if history else None
         changes = audit.get("changes")
-        report.update(_run_sections(tables, manifest, risk_label, top_n, changes, previous))
+        report.update(_run_sections(tables, manifest, risk, top_n, changes, previous))
+        report["risk_label"] = ", ".join(report["risk_labels"])  # as the heads name them
         new_mentions = report.pop("_entity_changes", None)
         if new_mentions is not None and report.get("changes") is not None:
             report["changes"] = {**report["changes"], **new_mentions}
     else:
         report.update(_empty_sections())
-        report["_ranked"] = DocScores(risk_label).ranked(audit.get("changes"))
+        report["_ranked"] = DocScores([]).ranked(audit.get("changes"))
     report["trend"] = _trend(history, report)
     return report
 
@@ -184,22 +192,18 @@ def _empty_sections() -> dict[str, Any]:
 def _run_sections(
     tables: RunTables,
     manifest: dict[str, Any],
-    risk_label: str,
+    risk_labels: list[str],
     top_n: int,
     changes: dict[str, Any] | None,
     previous: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The sections of a night that ran; ``previous``: the previous audit's report."""
     labels = list(manifest.get("labels", []))
-    if risk_label not in labels:
-        raise ConfigError(
-            f"[audit] risk_label {risk_label!r} is not a label of the classifier that made "
-            f"{tables.uri} (its labels: {', '.join(labels)}); set [audit] risk_label to one of them"
-        )
-    scores = DocScores(risk_label)
+    risk = _risk(manifest, risk_labels, tables.uri)
+    scores = DocScores(risk)
     docs = _documents(tables, scores)
-    named = EntityRisk(risk_label, changes) if screened(tables) else None
-    sents = _sentences(tables, risk_label, top_n, scores, named)
+    named = EntityRisk(risk, changes) if screened(tables) else None
+    sents = _sentences(tables, risk, top_n, scores, named)
     ranked = scores.ranked(changes)
     errs = _errors(tables)
     label_counts, unlabelled = _label_distribution(labels, sents["label_counts"])
@@ -211,6 +215,7 @@ def _run_sections(
         "tokens": sents["tokens"],
         "unlabelled": unlabelled,
     }
+    heads = manifest.get("heads") or []
     warnings = list(manifest.get("warnings", []))
     for key, value in manifest.get("counts", {}).items():
         if key in counts and value != counts[key]:
@@ -220,13 +225,16 @@ def _run_sections(
     backends = {s: dict(b) for s, b in manifest.get("backends", {}).items()}
     return {
         "labels": labels,
+        # the run's extra heads ([classify.heads]) and the risk labels as resolved
+        "heads": [{k: h.get(k) for k in ("name", "labels", "version")} for h in heads],
+        "risk_labels": [str(r) for r in risk],
         "counts": counts,
         "documents_by_status": docs["by_status"],
         "label_distribution": label_counts,
         "label_shares": {lb: (c / n_sent if n_sent else None) for lb, c in label_counts.items()},
         "top_label_distribution": docs["top_labels"],
         "top_risk": sents["top_risk"],
-        **review_sections(tables, ranked, risk_label, top_n),
+        **review_sections(tables, ranked, risk, top_n),
         "_ranked": ranked,  # popped by write_report: review.csv, not report.json
         "backends": backends,
         "backend_share": _backend_share(backends, manifest.get("stages", [])),
@@ -238,6 +246,17 @@ def _run_sections(
         "warnings": warnings,
         **(named.result(tables, previous) if named else no_entities()),
     }
+
+
+def _risk(manifest: dict[str, Any], risk_labels: list[str], uri: str) -> list[LabelRef]:
+    """The risk labels as labels of the run's heads (ConfigError, exit 2, if one is not)."""
+    try:
+        return resolve_labels(risk_labels, run_heads(manifest), "[audit] risk_label")
+    except UsageError as e:
+        raise ConfigError(
+            f"{e} (the heads that made {uri}); set [audit] risk_label or risk_labels to some "
+            "of them"
+        ) from e
 
 
 def _label_distribution(labels: list[str], found: dict[str, int]) -> tuple[dict[str, int], int]:
@@ -282,14 +301,16 @@ TOP_SORT = [(SCORE, "descending"), (DOC_ID, "ascending"), (SENT_INDEX, "ascendin
 
 def _sentences(
     tables: RunTables,
-    risk_label: str,
+    risk: list[LabelRef],
     top_n: int,
     scores: DocScores,
     named: EntityRisk | None = None,
 ) -> dict[str, Any]:
-    """Counts per label, tokens, a running top-N of the risk label by score, the
-    per-document sums of ``scores`` and, for a screened run, the entities' (``named``)."""
-    cols = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE, N_TOKENS, *([ENTITIES] if named else [])]
+    """Counts per label, tokens, a running top-N of the risk labels' sentences by score
+    (the probability of the risk labels they have), the per-document sums of ``scores``
+    and, for a screened run, the entities' (``named``)."""
+    cols = [DOC_ID, SENT_INDEX, TEXT, *label_columns(risk), N_TOKENS]
+    cols += [ENTITIES] if named else []
     n = tokens = 0
     labels: Counter[str] = Counter()
     best: pa.Table | None = None  # at most top_n rows at any time
@@ -301,9 +322,11 @@ def _sentences(
         tokens += int(pc.sum(b.column(N_TOKENS)).as_py() or 0)
         # a null label (a language the model was not trained on) is counted as UNLABELLED
         labels.update(_value_counts(b.column(LABEL), UNLABELLED))
-        risky = pa.Table.from_batches([b]).filter(pc.equal(b.column(LABEL), risk_label))
-        if risky.num_rows == 0:
+        mask, mass = risk_of(b, risk)
+        if not mask.any():
             continue
+        risky = pa.table([b.column(DOC_ID), b.column(SENT_INDEX), b.column(TEXT), mass],
+                         names=[DOC_ID, SENT_INDEX, TEXT, SCORE]).filter(mask)  # fmt: skip
         pool = risky if best is None else pa.concat_tables([best, risky])
         best = pool.take(pc.sort_indices(pool, sort_keys=TOP_SORT)[:top_n])
     top = [

@@ -6,8 +6,10 @@ has a ``sentences.entities`` column: per sentence, a list of structs (``entity_i
 lists has no such column; its report has no "Watch-listed names" section and its
 ``entities`` key is an empty list.
 
-With R the risk label (``[audit] risk_label``) and p a sentence's score (its label's
-probability), an entity (one ``entity_id`` of one list) is ranked by its **risk score**::
+With R the risk labels (``[audit] risk_label`` or ``risk_labels``, of any head:
+``NAME.label``) and p a sentence's score (the probability of the risk labels it has, each
+of its own head), an entity (one ``entity_id`` of one list) is ranked by its **risk
+score**::
 
     E = sum of p over the night's sentences labelled R that name the entity
 
@@ -32,16 +34,17 @@ the text of the sentences of the first :data:`ENTITIES_JSON_MAX` entities only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from docintel.pipeline.labels import LabelRef, risk_of
 from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.report.review import table_csv
-from docintel.pipeline.schema import DOC_ID, ENTITIES, LABEL, SCORE, SENT_INDEX, TEXT
+from docintel.pipeline.schema import DOC_ID, ENTITIES, SCORE, SENT_INDEX, TEXT
 
 ENTITIES_CSV = "entities.csv"
 ENTITIES_JSON_MAX = 1000  # ranked entities listed in report.json (entities.csv has all)
@@ -76,8 +79,9 @@ class EntityRisk:
     """The night's risk sentences per listed entity, summed batch by batch
     (:meth:`add`, fed by aggregate.py's pass over sentences/), then ranked (:meth:`result`)."""
 
-    def __init__(self, risk_label: str, changes: dict[str, Any] | None) -> None:
-        self.risk_label = risk_label
+    def __init__(self, risk: Sequence[LabelRef], changes: dict[str, Any] | None) -> None:
+        self.risk = list(risk)  # the risk labels, of any head
+        self.risk_label = ", ".join(map(str, self.risk))
         self.known = changes is not None  # without the audit's changes, "new" is unknown
         ch = changes or {}
         self.added = {c["doc_id"]: set(c["added"]) for c in ch.get("changed", []) if "added" in c}
@@ -100,10 +104,12 @@ class EntityRisk:
         """One row per (risk sentence, entity it names) of the batch; None when none."""
         ents = b.column(ENTITIES)
         named = pc.fill_null(pc.greater(pc.list_value_length(ents), 0), False)
-        risky = pc.fill_null(pc.equal(b.column(LABEL), self.risk_label), False)
-        rb = b.filter(pc.and_(risky, named))
+        risky, mass = risk_of(b, self.risk)
+        keep = pc.and_(pa.array(risky), named)
+        rb = b.filter(keep)
         if rb.num_rows == 0:
             return None
+        score = pa.array(mass).filter(keep)  # its risk labels' probability
         parents = pc.list_parent_indices(rb.column(ENTITIES))
         flat = pc.list_flatten(rb.column(ENTITIES))
         valid = pc.is_valid(flat)
@@ -116,7 +122,7 @@ class EntityRisk:
                 TYPE: flat.field(TYPE),
                 DOC_ID: rb.column(DOC_ID).take(parents),
                 SENT_INDEX: pc.cast(rb.column(SENT_INDEX).take(parents), pa.int32()),
-                SCORE: pc.cast(rb.column(SCORE).take(parents), pa.float64()),
+                SCORE: score.take(parents),
                 "new": self._new(rb).take(parents),
                 START: pc.cast(flat.field(START), pa.int64()),
                 END: pc.cast(flat.field(END), pa.int64()),

@@ -1,7 +1,9 @@
 """Documents to review first: the night's documents ranked by a document risk score.
 
-With R the risk label (``[audit] risk_label``), N a document's sentences and p a sentence's
-score (its label's probability, after calibration) when its label is R::
+With R the risk labels (``[audit] risk_label``, or ``risk_labels``: labels of any head,
+``NAME.label`` for an extra head's), N a document's sentences and p a sentence's score (its
+label's probability, after calibration) when its label is in R (summed over its heads
+when several heads give it a risk label)::
 
     risk mass  M = sum of p over the sentences labelled R   (expected risk sentences)
     risk score S = M * M / N                                 (0 when N is 0)
@@ -21,13 +23,16 @@ sentences of the first :data:`REVIEW_JSON_MAX` ranked documents only.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from docintel.pipeline.labels import LabelRef, label_columns, risk_of
 from docintel.pipeline.output.tables import RunTables
 from docintel.pipeline.schema import DOC_ID, LABEL, PAGE, SCORE, SENT_INDEX, TEXT
 from docintel.pipeline.untrusted import csv_cell
@@ -45,19 +50,19 @@ _AGG = [("n", "sum"), ("risk", "sum"), ("mass", "sum")]
 class DocScores:
     """Per-document sentence count, risk count and risk mass, summed batch by batch."""
 
-    def __init__(self, risk_label: str) -> None:
-        self.risk_label = risk_label
+    def __init__(self, risk: Sequence[LabelRef]) -> None:
+        self.risk = list(risk)  # the risk labels, of any head
         self.parts: list[pa.Table] = []
         self.docs: list[pa.Table] = []
 
     def add_sentences(self, b: pa.RecordBatch) -> None:
-        risky = pc.fill_null(pc.equal(b.column(LABEL), self.risk_label), False)
+        risky, mass = risk_of(b, self.risk)
         t = pa.table(
             {
                 DOC_ID: b.column(DOC_ID),
                 "n": pa.array([1] * b.num_rows, pa.int64()),
-                "risk": pc.cast(risky, pa.int64()),
-                "mass": pc.if_else(risky, pc.cast(b.column(SCORE), pa.float64()), 0.0),
+                "risk": pa.array(risky.astype(np.int64)),
+                "mass": pa.array(mass),
             }
         )
         self.parts.append(_sums(t))
@@ -139,9 +144,23 @@ def _has_column(tables: RunTables, table: str, column: str) -> bool:
         return column in pq.ParquetFile(f).schema_arrow.names
 
 
-def _sentences_of(tables: RunTables, ids: list[str]) -> dict[str, list[dict]]:
-    """The sentences of ``ids`` in the run, by document, in order (one filtered scan)."""
-    columns = [DOC_ID, SENT_INDEX, TEXT, LABEL, SCORE]
+def _risk_sentence(s: dict[str, Any], risk: Sequence[LabelRef]) -> dict[str, Any] | None:
+    """A sentence as the review lists it when it has one of the ``risk`` labels: its
+    label (the risk labels it has, ``NAME.label`` for an extra head's) and their summed
+    probability as its score; None when it has none."""
+    hits = [ref for ref in risk if s.get(ref.label_column) == ref.label]
+    if not hits:
+        return None
+    score = sum(s[ref.score_column] or 0.0 for ref in hits)
+    return {**s, LABEL: ", ".join(map(str, hits)), SCORE: round(score, 6)}
+
+
+def _sentences_of(
+    tables: RunTables, ids: list[str], risk: Sequence[LabelRef] = ()
+) -> dict[str, list[dict]]:
+    """The sentences of ``ids`` in the run, by document, in order (one filtered scan),
+    with the columns of the ``risk`` labels' heads."""
+    columns = [DOC_ID, SENT_INDEX, TEXT, *label_columns(risk)]
     if _has_column(tables, "sentences", PAGE):  # runs written before pages lack it
         columns.append(PAGE)
     table = tables.read("sentences", columns, ids)
@@ -156,17 +175,18 @@ def _sentences_of(tables: RunTables, ids: list[str]) -> dict[str, list[dict]]:
 
 
 def review_sections(
-    tables: RunTables, ranked: pa.Table, risk_label: str, top_n: int
+    tables: RunTables, ranked: pa.Table, risk: Sequence[LabelRef], top_n: int
 ) -> dict[str, Any]:
     """The report's ``review`` (the first :data:`REVIEW_JSON_MAX` ranked documents with
-    their top risk sentences), ``review_total`` and ``drilldown`` (every sentence of the
-    first ``top_n`` documents, at most :data:`DRILL_SENTENCES` each)."""
+    their top risk sentences: those with one of the ``risk`` labels, by their probability),
+    ``review_total`` and ``drilldown`` (every sentence of the first ``top_n`` documents, at
+    most :data:`DRILL_SENTENCES` each)."""
     head = ranked.slice(0, REVIEW_JSON_MAX).to_pylist()
-    sents = _sentences_of(tables, [r[DOC_ID] for r in head])
+    sents = _sentences_of(tables, [r[DOC_ID] for r in head], risk)
     review, drill = [], []
     for r in head:
         mine = sents.get(r[DOC_ID], [])
-        risky = [s for s in mine if s[LABEL] == risk_label]
+        risky = [x for s in mine if (x := _risk_sentence(s, risk)) is not None]
         risky.sort(key=lambda s: (-s[SCORE], s[SENT_INDEX]))
         review.append(
             {
