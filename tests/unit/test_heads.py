@@ -14,7 +14,8 @@ import pytest
 from docintel.pipeline import registry
 from docintel.pipeline.batch import Batch
 from docintel.pipeline.config import ClassifyConfig, load_config
-from docintel.pipeline.errors import ConfigError, ModelError
+from docintel.pipeline.errors import ConfigError, ModelError, UsageError
+from docintel.pipeline.labels import LabelRef, resolve_label
 from docintel.pipeline.output.sink import documents_table, sentences_table
 from docintel.pipeline.schema import (
     DOC_ID,
@@ -145,3 +146,20 @@ def test_one_call_labels_every_head_and_documents_take_the_mean(
     assert sents.schema.field("topic_score").type == pa.float32()
     heads_cols = ["topic_label", "topic_score", "old_label", "old_score"]
     assert sents.column_names[-6:] == [*heads_cols, "classify_backend", "classify_model"]
+
+
+def test_labels_of_any_head_resolve_in_any_case() -> None:
+    """``label`` is the default head's, ``NAME.label`` the extra head NAME's; a default
+    label with a dot stays the default's unless a head has the name before it."""
+    heads = {"": ["Bearish", "U.S. news"], "topic": ["layoffs", "Mergers"]}
+    assert resolve_label("bearish", heads, "--label") == LabelRef("", "Bearish")
+    assert resolve_label("u.s. NEWS", heads, "--label") == LabelRef("", "U.S. news")
+    ref = resolve_label("TOPIC.mergers", heads, "--label")
+    assert (ref, ref.label_column, ref.score_column) == (
+        LabelRef("topic", "Mergers"),
+        "topic_label",
+        "topic_score",
+    )
+    assert str(ref) == "topic.Mergers"
+    with pytest.raises(UsageError, match=r"--label 'topic.bearish' .*topic\.layoffs"):
+        resolve_label("topic.bearish", heads, "--label")
