@@ -233,8 +233,8 @@ def index(
     ray_address: IndexRayOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Build the approximate nearest-neighbour index `docintel search` uses: Lance IVF-PQ
-    (cosine) over the run's embeddings, in OUTPUT/_index/.
+    """Build the indexes `docintel search` uses: Lance IVF-PQ (cosine) over the run's
+    embeddings and a full-text (BM25) index over its sentences' words, in OUTPUT/_index/.
 
     The build is committed last (OUTPUT/_index/current.json, atomically): a half-built
     index is never used, and a failed build is simply run again. The index records the
@@ -263,7 +263,7 @@ def index(
         f"indexed {record['rows']:,} sentences of run {safe(record['run_id'])} in "
         f"{record['build_seconds']:.1f} s: {safe(record['where'])} "
         f"(IVF-PQ, {p['partitions']} partitions, {p['sub_vectors']} sub-vectors; "
-        f"search probes {p['nprobes']}, refine x{p['refine_factor']})",
+        f"search probes {p['nprobes']}, refine x{p['refine_factor']}; full-text BM25)",
         markup=False,
         highlight=False,
         soft_wrap=True,

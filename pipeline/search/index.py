@@ -1,8 +1,12 @@
-"""`docintel index`: an approximate nearest-neighbour index over a run's embeddings.
+"""`docintel index`: an approximate nearest-neighbour index over a run's embeddings, and a
+full-text index over its sentences' words.
 
 The index is a Lance dataset (pylance) holding the hit columns and the embeddings of the
-sentences table, with an IVF-PQ vector index (cosine) on the embeddings. It lives inside
-the output, beside the tables it was built from (local folder or the same s3:// prefix):
+sentences table, with an IVF-PQ vector index (cosine) on the embeddings, and a full-text
+(inverted, BM25) index on ``terms``: each sentence's text as docintel's tokenizer splits
+it (docintel.pipeline.search.keyword), so that keyword scores are the exact scan's. It
+lives inside the output, beside the tables it was built from (local folder or the same
+s3:// prefix):
 
     OUTPUT/_index/<build id>.lance   one build (Lance's own files)
     OUTPUT/_index/current.json       the pointer: which build, and the source it was made

@@ -1,4 +1,6 @@
-"""`docintel search`: the sentences of a committed run nearest to a query, by cosine.
+"""`docintel search`: the sentences of a committed run that best answer a query, ranked by
+``mode``: semantic (cosine), keyword (BM25) or hybrid (both fused by reciprocal rank
+fusion, the default; docintel.pipeline.search.keyword).
 
 The query is embedded by the embed stage's own code (:class:`~docintel.pipeline.stages.
 embed.Embedder`: the same tokenizer, truncation, runtime, mean pooling and L2
@@ -12,13 +14,16 @@ Two ways to find the hits, the same answer up to the index's recall:
 * **exact** (:func:`exact_search`): the sentences table streamed in record batches
   (:meth:`SentencesSource.batches`), each batch's cosines against every query, and a
   running top-K per query (argpartition of the batch, merged with the best so far). Memory
-  is one record batch plus K rows per query, never the embedding matrix.
-* **indexed** (docintel.pipeline.search.index): the Lance IVF-PQ index `docintel index`
-  built, when it exists and was built from the output as it is now; otherwise exact, and
-  :class:`SearchResult` says why (``note``).
+  is one record batch plus K rows per query, never the embedding matrix. A keyword ranking
+  first reads the text column once for its terms' statistics (two passes); hybrid keeps
+  each ranking's pool (keyword.pool_size) and fuses them.
+* **indexed** (docintel.pipeline.search.index): the Lance IVF-PQ and full-text indexes
+  `docintel index` built, when they exist and were built from the output as it is now;
+  otherwise exact, and :class:`SearchResult` says why (``note``).
 
 Either way the similarity reported is the exact cosine of the stored embedding with the
-query vector (the index only chooses the candidates).
+query vector (the index only chooses the candidates), and ``bm25`` the keyword score of a
+hit the keyword ranking chose.
 """
 
 from __future__ import annotations
