@@ -98,6 +98,12 @@ class FineTuneParams:
     fp16_weights: bool = True  # method full: save fp16 safetensors (half the MB)
     cosine_scale: float = 0.0  # > 0: the layer sees the unit vector times this; kept
     keep_layer: bool = False  # the layer (on the mean-pooled vector) is kept as the head
+    # > 0: geometry kept (`--preserve`): the loss adds this weight times the mean of
+    # 1 - cos(tuned unit vector, the base encoder's unit vector of the same text), the
+    # base's vectors computed once before the first step; the encoder learns the labels
+    # while staying close to the base's general-purpose geometry (search, zero-shot, heads)
+    preserve: float = 0.0
+    device: str = "cpu"  # "cuda": train on the GPU (not bitwise the CPU's result)
 
     def lr(self) -> float:
         if self.learning_rate:
@@ -176,11 +182,18 @@ class _Tuner:
     """The encoder with mean pooling and a linear layer: what gets trained."""
 
     def __init__(
-        self, encoder: Any, n_classes: int, pad: int, seed: int, scale: float = 0.0
+        self,
+        encoder: Any,
+        n_classes: int,
+        pad: int,
+        seed: int,
+        scale: float = 0.0,
+        device: str = "cpu",
     ) -> None:
         import torch
 
-        self.encoder = encoder
+        self.encoder = encoder.to(device)
+        self.device = device
         self.pad = pad
         self.scale = scale  # > 0: a cosine classifier on the embed stage's unit vectors
         gen = torch.Generator().manual_seed(seed)
@@ -190,12 +203,13 @@ class _Tuner:
             bound = 1 / math.sqrt(hidden)
             self.linear.weight.uniform_(-bound, bound, generator=gen)
             self.linear.bias.uniform_(-bound, bound, generator=gen)
+        self.linear.to(device)
 
     def pooled(self, ids: list[list[int]]) -> Any:
         """The mean-pooled vectors (not normalised) of the token id lists."""
         import torch
 
-        input_ids, mask = _pad(ids, self.pad)
+        input_ids, mask = (t.to(self.device) for t in _pad(ids, self.pad))
         hidden = self.encoder(
             input_ids=input_ids, attention_mask=mask, token_type_ids=torch.zeros_like(input_ids)
         ).last_hidden_state
@@ -203,9 +217,12 @@ class _Tuner:
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
     def logits(self, ids: list[list[int]]) -> Any:
+        return self.head(self.pooled(ids))
+
+    def head(self, pooled: Any) -> Any:
+        """The linear layer's logits of mean-pooled vectors."""
         import torch
 
-        pooled = self.pooled(ids)
         if self.scale > 0:
             pooled = torch.nn.functional.normalize(pooled, dim=1) * self.scale
         return self.linear(pooled)
@@ -214,8 +231,8 @@ class _Tuner:
         """The linear layer as the classify stage needs it: weight [classes, dim], bias,
         and the scale the unit vector is multiplied by (0 until :func:`_median_norm` sets
         it, for a layer trained on the mean-pooled vector)."""
-        weight = self.linear.weight.detach().numpy().astype(np.float32)
-        bias = self.linear.bias.detach().numpy().astype(np.float32)
+        weight = self.linear.weight.detach().cpu().numpy().astype(np.float32)
+        bias = self.linear.bias.detach().cpu().numpy().astype(np.float32)
         return {"weight": weight.copy(), "bias": bias.copy(), "scale": self.scale}
 
     def trainable(self) -> list[tuple[str, Any]]:
@@ -265,7 +282,7 @@ def _median_norm(tuner: _Tuner, ids: list[list[int]]) -> float:
     with torch.inference_mode():
         for rows in _length_batches(ids):
             pooled = tuner.pooled([ids[i] for i in rows])
-            norms.append(torch.linalg.vector_norm(pooled.float(), dim=1).numpy())
+            norms.append(torch.linalg.vector_norm(pooled.float(), dim=1).cpu().numpy())
     return float(np.median(np.concatenate(norms)))
 
 
@@ -297,9 +314,9 @@ def _evaluate(
     logits = torch.zeros((len(ids), tuner.linear.out_features))
     with torch.inference_mode():
         for rows in _length_batches(ids):
-            logits[rows] = tuner.logits([ids[i] for i in rows])
+            logits[rows] = tuner.logits([ids[i] for i in rows]).float().cpu()
     target = torch.as_tensor(y)
-    loss = torch.nn.functional.cross_entropy(logits, target, weight=weight)
+    loss = torch.nn.functional.cross_entropy(logits, target, weight=weight.cpu())
     m = metrics(y, logits.argmax(1).numpy(), names)
     tuner.train(True)
     return {"loss": float(loss), "macro_f1": m["macro_f1"], "accuracy": m["accuracy"]}
@@ -317,6 +334,22 @@ class _Loop:
     weight: Any  # per-class loss weights
     params: FineTuneParams
     monitor: Monitor
+    teacher: Any = None  # params.preserve > 0: the base's unit vectors of every row
+
+    def loss(self, rows: np.ndarray) -> Any:
+        """The step's loss: class-weighted cross-entropy, plus the geometry term."""
+        import torch
+
+        pooled = self.tuner.pooled([self.ids[i] for i in rows])
+        index = torch.as_tensor(rows, device=self.tuner.device)
+        loss = torch.nn.functional.cross_entropy(
+            self.tuner.head(pooled), self.y[index], weight=self.weight
+        )
+        if self.teacher is None:
+            return loss
+        unit = torch.nn.functional.normalize(pooled.float(), dim=1)
+        drift = 1.0 - (unit * self.teacher[index]).sum(1)
+        return loss + self.params.preserve * drift.mean()
 
     def epoch(self, epoch: int, order: np.ndarray) -> tuple[list[float], float]:
         """One pass over ``order`` (row indices); the step losses and examples/s."""
@@ -326,8 +359,7 @@ class _Loop:
         trainable = [p for _, p in self.tuner.trainable()]
         for a in range(0, len(order), self.params.batch_size):
             rows = order[a : a + self.params.batch_size]
-            logits = self.tuner.logits([self.ids[i] for i in rows])
-            loss = torch.nn.functional.cross_entropy(logits, self.y[rows], weight=self.weight)
+            loss = self.loss(rows)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, self.params.max_grad_norm)
@@ -360,21 +392,43 @@ def _build_loop(
     if params.method == "lora":
         encoder = _with_lora(encoder, params, base_ref)
     pad = tokenizer.pad_token_id or 0
-    tuner = _Tuner(encoder, len(names), pad, seed, params.cosine_scale)
+    tuner = _Tuner(encoder, len(names), pad, seed, params.cosine_scale, params.device)
     counts = np.bincount(y[train_idx], minlength=len(names))
     total = math.ceil(len(train_idx) / params.batch_size) * params.epochs
+    ids = _tokenize(tokenizer, texts, params.max_length)
     loop = _Loop(
         tuner,
         *_optimizer(tuner, params, total),
-        ids=_tokenize(tokenizer, texts, params.max_length),
-        y=torch.as_tensor(y),
+        ids=ids,
+        y=torch.as_tensor(y, device=params.device),
         weight=torch.as_tensor(  # "balanced", as the Keras head
-            len(train_idx) / (len(names) * np.maximum(counts, 1)), dtype=torch.float32
+            len(train_idx) / (len(names) * np.maximum(counts, 1)),
+            dtype=torch.float32,
+            device=params.device,
         ),
         params=params,
         monitor=monitor or _Quiet(),
+        teacher=_teacher(tuner, ids, train_idx) if params.preserve > 0 else None,
     )
     return loop, base_ref
+
+
+def _teacher(tuner: _Tuner, ids: list[list[int]], train_idx: np.ndarray) -> Any:
+    """The unit vectors of the training texts (rows ``train_idx``; the others stay zero)
+    before the first step: the base encoder's own (new LoRA adapters start at zero; a full
+    fine-tune starts from the base's weights)."""
+    import torch
+
+    tuner.train(False)
+    out = torch.zeros((len(ids), tuner.linear.in_features), device=tuner.device)
+    rows_of = np.asarray(train_idx)
+    with torch.inference_mode():
+        for batch in _length_batches([ids[i] for i in rows_of]):
+            pooled = tuner.pooled([ids[rows_of[j]] for j in batch]).float()
+            index = torch.as_tensor(rows_of[batch], device=tuner.device)
+            out[index] = torch.nn.functional.normalize(pooled, dim=1)
+    tuner.train(True)
+    return out.clone()  # outside inference mode: usable in the autograd graph
 
 
 def _epoch_record(
@@ -506,6 +560,7 @@ def _save(encoder: Any, params: FineTuneParams, base: Path, base_ref: str, out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
         staged = Path(tmp) / out.name
+        encoder = encoder.to("cpu")
         if params.method == "full":
             if params.fp16_weights:
                 encoder = encoder.to(torch.float16)
