@@ -2,7 +2,13 @@
 backend; GPU replicas, or ``[classify] cpu_runtime = "keras"``), or the same head as an ONNX
 graph on ONNX Runtime without TensorFlow in the process: fp32 on CPU replicas (the
 default), int8 on CPU spill replicas. Every runtime applies the head's temperature (its
-training.json, ``calibration``) to what its graph outputs, with the same numpy code."""
+training.json, ``calibration``) to what its graph outputs, with the same numpy code.
+
+Extra heads (``[classify.heads]``, ``docintel run --classifier NAME=DIR``) run beside the
+default one in the same call per batch, on the same runtime and embeddings: each is a copy
+of the stage loading its own folder (labels, calibration, languages, weights or cached
+ONNX graph), and writes ``NAME_label``, ``NAME_score`` and its internal probabilities
+(``probs:NAME``, its labels in the field's metadata: the documents table averages them)."""
 
 from __future__ import annotations
 
