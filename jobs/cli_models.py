@@ -89,6 +89,17 @@ MethodOpt = Annotated[
         "load) or 'full' (every weight; a merged fp16 folder, ~45 MB for MiniLM)."
     ),
 ]
+PreserveOpt = Annotated[
+    float,
+    typer.Option(
+        "--preserve",
+        min=0.0,
+        metavar="W",
+        help="With --fine-tune: keep the base encoder's geometry with weight W (0 = off): "
+        "the loss adds W x mean(1 - cosine to the base's vector of each training text), so "
+        "the tuned encoder still serves search, zero-shot and other heads (docs/models.md).",
+    ),
+]
 EpochsOpt = Annotated[
     int, typer.Option(min=1, metavar="N", help="With --fine-tune: epochs over the data.")
 ]
@@ -260,7 +271,9 @@ def _fine_tune_progress(show: bool) -> Progress:
     )
 
 
-def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tuple[Any, Any]:
+def _training_params(
+    head: str, method: str, epochs: int, fine_tune: bool, preserve: float = 0.0
+) -> tuple[Any, Any]:
     """The head's and the fine-tuning's parameters (None without --fine-tune) for the
     options; a bad combination is a usage error."""
     from docintel.pipeline.offline.finetune import COSINE_SCALE, FineTuneParams
@@ -270,6 +283,8 @@ def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tu
         raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
     if head not in ("mlp", "linear", "joint", "cosine"):
         raise typer.BadParameter(f"--head {head!r}: expected 'mlp', 'linear', 'joint' or 'cosine'")
+    if preserve and not fine_tune:
+        raise typer.BadParameter("--preserve keeps the geometry while fine-tuning: add --fine-tune")
     if head in ("joint", "cosine") and not fine_tune:
         raise typer.BadParameter(f"--head {head} is trained with the encoder: add --fine-tune")
     one_layer = head in ("linear", "joint", "cosine")
@@ -278,7 +293,11 @@ def _training_params(head: str, method: str, epochs: int, fine_tune: bool) -> tu
         return head_params, None
     scale = COSINE_SCALE if head == "cosine" else 0.0
     return head_params, FineTuneParams(
-        method=method, epochs=epochs, cosine_scale=scale, keep_layer=head == "joint"
+        method=method,
+        epochs=epochs,
+        cosine_scale=scale,
+        keep_layer=head == "joint",
+        preserve=preserve,
     )
 
 
@@ -291,6 +310,7 @@ def train(
     fine_tune: FineTuneOpt = False,
     method: MethodOpt = "lora",
     epochs: EpochsOpt = 2,
+    preserve: PreserveOpt = 0.0,
     encoder: EncoderOpt = None,
     head: HeadOpt = "mlp",
     score_on: ScoreOnOpt = None,
@@ -335,7 +355,7 @@ def train(
         return
     assert data is not None  # _check_train_mode
     show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
-    what = (head, method, epochs, fine_tune, normalise_text, add_data or [])
+    what = (head, method, epochs, fine_tune, normalise_text, add_data or [], preserve)
     _train_sentences(data, out_dir, how, _names(label_names), what, show)
 
 
@@ -344,17 +364,17 @@ def _train_sentences(
     out_dir: Path,
     how: _TrainRun,
     label_names: list[str] | None,
-    what: tuple[str, str, int, bool, bool, list[Path]],
+    what: tuple[str, str, int, bool, bool, list[Path], float],
     show: bool,
 ) -> None:
     """`train DATA`: a head on labelled sentences (``what``: head, method, epochs,
-    fine-tune, normalise-text, add-data), with the fine-tuning's progress bar."""
+    fine-tune, normalise-text, add-data, preserve), with the fine-tuning's progress bar."""
     from docintel.pipeline.offline.train import train as do_train
 
-    head, method, epochs, fine_tune, normalise_text, add_data = what
+    head, method, epochs, fine_tune, normalise_text, add_data, preserve = what
     t0 = time.perf_counter()
     try:
-        head_params, params = _training_params(head, method, epochs, fine_tune)
+        head_params, params = _training_params(head, method, epochs, fine_tune, preserve)
         embed = _embed_cfg(load_config(how.config).embed, how.encoder)
         with _fine_tune_progress(show) as bar:
             if params is None:
