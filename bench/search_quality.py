@@ -141,6 +141,11 @@ VARIANTS = ((60, 1.0, 100), (60, 1.0, 20), (60, 1.0, 10), (10, 1.0, 100), (60, 0
             (60, 0.5, 10))  # fmt: skip
 
 
+# relative score fusion (keyword.fuse_relative): the embedding's weight alpha; 0.7 is
+# Weaviate's and Haystack's default
+RELATIVE_ALPHAS = (0.7, 0.5)
+
+
 def _weighted_rrf(dense: list[dict], keyword: list[dict], k: int, w: float, top: int) -> list:
     score: dict[tuple[str, int], float] = {}
     hits: dict[tuple[str, int], dict] = {}
@@ -157,6 +162,7 @@ def fusion_variants(
     out: Path, cfg: Config, queries: list[Query], k: int
 ) -> list[tuple[str, float, float]]:
     """recall@k and MRR of other fusions of the exact scan's two rankings (VARIANTS)."""
+    from docintel.pipeline.search.keyword import fuse_relative
     from docintel.pipeline.search.query import QueryEncoder, search
 
     encoder = QueryEncoder(cfg.embed)
@@ -167,12 +173,13 @@ def fusion_variants(
     }
     encoder.close()
     rows = []
+    pairs = list(zip(lists["semantic"], lists["keyword"], strict=True))
     for rrf_k, w, pool in VARIANTS:
-        fused = [
-            _weighted_rrf(d[:pool], kw[:pool], rrf_k, w, k)
-            for d, kw in zip(lists["semantic"], lists["keyword"], strict=True)
-        ]
+        fused = [_weighted_rrf(d[:pool], kw[:pool], rrf_k, w, k) for d, kw in pairs]
         rows.append((f"RRF k={rrf_k}, keyword weight {w}, pool {pool}", *score(fused, queries, k)))
+    for alpha in RELATIVE_ALPHAS:
+        fused = [fuse_relative(d, kw, k, alpha) for d, kw in pairs]
+        rows.append((f"relative score, alpha {alpha}, pool 100", *score(fused, queries, k)))
     return rows
 
 

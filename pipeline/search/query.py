@@ -259,7 +259,7 @@ def exact_search(
 ) -> list[list[dict[str, Any]]]:
     """Each query's ``top`` hits over the sentences table, streamed in record batches of at
     most ``batch_rows``: by exact cosine (``mode`` semantic), BM25 of ``texts`` (keyword),
-    or both fused (hybrid: each ranking's pool_size(top) best, then :func:`fuse`). A
+    or both fused (hybrid: :func:`fuse_relative` of each ranking's ``top`` best). A
     keyword ranking reads the table twice (pass 1: :func:`keyword_statistics`)."""
     queries = unit_rows(np.asarray(vectors, np.float32))
     bm25 = keyword_statistics(source, texts or [], batch_rows) if needs_keyword(mode) else None

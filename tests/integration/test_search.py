@@ -232,7 +232,9 @@ def test_hybrid_finds_a_name_exactly_and_through_the_index(run_out: Path, tmp_pa
     got = {m: search(str(run_out), [NAME], top=10, exact=True, mode=m) for m in MODES}
     assert _named(got["keyword"].hits[0]) == [0] and got["keyword"].hits[0][0]["bm25"] > 0
     assert len(got["keyword"].hits[0]) == 1  # no other sentence has the word
-    assert _named(got["hybrid"].hits[0]) in ([0], [1])  # 1/61 from BM25 alone: first or second
+    # 0.3 from BM25 alone (relative score fusion): above every embedding hit whose cosine,
+    # scaled over the top 10, is under 0.43; the 10th scores 0
+    assert len(_named(got["hybrid"].hits[0])) == 1
     assert _named(got["semantic"].hits[0]) == []  # the embedding alone misses it
     assert all(h["bm25"] is None for h in got["semantic"].hits[0])
     assert got["hybrid"].mode == "hybrid" and "hybrid ranking, exact scan" in got["hybrid"].note
@@ -261,7 +263,7 @@ def test_watch_hits_restricted_to_documents(run_out: Path) -> None:
     everything = watch_hits(str(run_out), [QUERY], None, 3)[QUERY]
     assert everything == search(str(run_out), [QUERY], top=3, exact=True).hits[0]
     # the watch list ranks as search does (hybrid): a watched name is found
-    assert _named(watch_hits(str(run_out), [NAME], None, 3)[NAME]) in ([0], [1])
+    assert len(_named(watch_hits(str(run_out), [NAME], None, 3)[NAME])) == 1
 
 
 def test_s3_output_exact_and_indexed(
@@ -328,7 +330,7 @@ def test_search_and_index_an_iceberg_warehouse(
     assert [(h["doc_id"], h["sent_index"], h["bm25"]) for h in ice] == [
         (h["doc_id"], h["sent_index"], h["bm25"]) for h in par
     ]
-    assert _named(ice) in ([0], [1])
+    assert len(_named(ice)) == 1
     record = ann_index.build_index(str(wh))
     assert (wh / "_runs" / "ice1" / "_index" / record["path"]).is_dir()
     res = search(str(wh), [QUERY], top=10)

@@ -21,9 +21,9 @@ from docintel.pipeline.errors import UsageError
 from docintel.pipeline.search import index as ann_index
 from docintel.pipeline.search.index import IndexParams, build_index
 from docintel.pipeline.search.keyword import (
-    RRF_K,
+    RELATIVE_ALPHA,
     Bm25,
-    fuse,
+    fuse_relative,
     pool_size,
     query_terms,
     tokenize,
@@ -77,17 +77,22 @@ def _hit(doc: str, sim: float, bm25: float | None = None) -> dict:
     return {"doc_id": doc, "sent_index": 0, "similarity": sim, "bm25": bm25}
 
 
-def test_rrf_hand_computed() -> None:
-    """dense a, b, c; keyword c, d: a 1/61, b 1/62, c 1/63 + 1/61, d 1/62. b and d tie:
-    the nearer (d, similarity 0.7) first."""
+def test_relative_score_fusion_hand_computed() -> None:
+    """dense a .9, b .5, c .4 -> scaled 1, .2, 0; keyword c 7.5, d 2.0 -> 1, 0. Fused with
+    alpha .7: a .7, b .14, c .3, d 0 (d only in the keyword ranking, at its bottom)."""
     dense = [_hit("a", 0.9), _hit("b", 0.5), _hit("c", 0.4)]
     keyword = [_hit("c", 0.4, 7.5), _hit("d", 0.7, 2.0)]
-    got = fuse(dense, keyword, top=4)
-    assert [h["doc_id"] for h in got] == ["c", "a", "d", "b"]
-    assert got[0]["bm25"] == 7.5 and got[3]["bm25"] is None  # the keyword ranking's score
-    assert RRF_K == 60 and 1 / 63 + 1 / 61 > 1 / 61 > 1 / 62
-    assert [h["doc_id"] for h in fuse(dense, keyword, top=2)] == ["c", "a"]
-    assert [h["doc_id"] for h in fuse([], keyword, top=5)] == ["c", "d"]
+    got = fuse_relative(dense, keyword, top=4)
+    assert RELATIVE_ALPHA == 0.7
+    assert [h["doc_id"] for h in got] == ["a", "c", "b", "d"]
+    assert got[1]["bm25"] == 7.5 and got[2]["bm25"] is None  # the keyword ranking's score
+    # a keyword match far stronger than the rest outweighs a middling embedding match
+    keyword = [_hit("c", 0.4, 30.0), _hit("d", 0.7, 2.0)]
+    assert [h["doc_id"] for h in fuse_relative(dense, keyword, top=2)] == ["a", "c"]
+    assert [h["doc_id"] for h in fuse_relative(dense, keyword, 2, alpha=0.2)] == ["c", "a"]
+    # one ranking empty: the other's order; one candidate scales to 1
+    assert [h["doc_id"] for h in fuse_relative([], keyword, top=5)] == ["c", "d"]
+    assert [h["doc_id"] for h in fuse_relative([_hit("b", 0.5)], [], top=5)] == ["b"]
     assert [pool_size(k) for k in (1, 10, 50, 200, 1000)] == [100, 100, 500, 1000, 1000]
 
 
@@ -195,9 +200,13 @@ def test_hybrid_differs_and_lance_agrees(worded: tuple[Path, list[str]], tmp_pat
         m: exact_search(source, vectors, 100, Filters(), texts=QUERIES, mode=m)
         for m in ("semantic", "keyword")
     }
+    differs = [
+        _keys(exact["hybrid"][j]) != _keys(exact["semantic"][j]) for j in range(len(QUERIES))
+    ]
+    assert any(differs), "the keyword ranking changed no query's hits"
     for j in range(len(QUERIES)):
-        assert exact["hybrid"][j] == fuse(pool["semantic"][j], pool["keyword"][j], 10)
-        assert _keys(exact["hybrid"][j]) != _keys(exact["semantic"][j])
+        fused = fuse_relative(pool["semantic"][j][:10], pool["keyword"][j][:10], 10)
+        assert exact["hybrid"][j] == fused
         assert all(h["bm25"] is None for h in exact["semantic"][j])
     build_index(str(out), params=IndexParams(partitions=1))  # every vector refined: exact
     index, note = ann_index.find(source, "hybrid")
