@@ -88,14 +88,16 @@ def geometry(stock: np.ndarray, cand: np.ndarray) -> dict[str, float]:
     }
 
 
-def train_one(weight: float, epochs: int, out: Path, device: str, limit: int) -> dict[str, Any]:
+def train_one(
+    weight: float, epochs: int, out: Path, device: str, limit: int, free: bool = False
+) -> dict[str, Any]:
     from docintel.pipeline.artefacts.paths import stock_encoder_dir
     from docintel.pipeline.offline.finetune import FineTuneParams, fine_tune
     from docintel.pipeline.offline.train import _classes
 
     c = _classes(TRAIN, LABELS, 0, more=[NEWS_TRAIN])
     tr, ho = (c.train[:limit], c.hold[: max(limit // 10, 30)]) if limit else (c.train, c.hold)
-    params = FineTuneParams(preserve=weight, epochs=epochs, device=device)
+    params = FineTuneParams(preserve=weight, epochs=epochs, device=device, preserve_free=free)
     t0 = time.perf_counter()
     rec = fine_tune(c.texts, c.y, tr, ho, c.names, stock_encoder_dir(), out / "encoder", params)
     (out / "fine_tune.json").write_text(json.dumps(rec, indent=2) + "\n")
@@ -110,6 +112,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--limit", type=int, default=0, help="training rows (0 = all; smoke runs)")
+    ap.add_argument("--free", action="store_true", help="preserve_free: the class directions")
     args = ap.parse_args()
     from docintel.pipeline.artefacts.paths import stock_encoder_dir
 
@@ -125,8 +128,8 @@ def main() -> None:
     )
     print("|---" * (4 + len(probes)) + "|")
     for w, e in zip(weights, epochs, strict=True):
-        out = args.out / f"preserve{w:g}_e{e}"
-        r = train_one(w, e, out, args.device, args.limit)
+        out = args.out / f"preserve{w:g}_e{e}{'_free' if args.free else ''}"
+        r = train_one(w, e, out, args.device, args.limit, args.free)
         cells = []
         for k, t in probes.items():
             g = geometry(stock[k], unit_vectors(out / "encoder", t, args.device))

@@ -103,6 +103,9 @@ class FineTuneParams:
     # base's vectors computed once before the first step; the encoder learns the labels
     # while staying close to the base's general-purpose geometry (search, zero-shot, heads)
     preserve: float = 0.0
+    # with preserve: the drift is measured outside the span of the linear layer's class
+    # directions (n_classes of the hidden size), which the encoder may use freely
+    preserve_free: bool = False
     device: str = "cpu"  # "cuda": train on the GPU (not bitwise the CPU's result)
 
     def lr(self) -> float:
@@ -347,9 +350,12 @@ class _Loop:
         )
         if self.teacher is None:
             return loss
-        unit = torch.nn.functional.normalize(pooled.float(), dim=1)
-        drift = 1.0 - (unit * self.teacher[index]).sum(1)
-        return loss + self.params.preserve * drift.mean()
+        moved = torch.nn.functional.normalize(pooled.float(), dim=1) - self.teacher[index]
+        if self.params.preserve_free:  # the layer's own directions may move freely
+            basis, _ = torch.linalg.qr(self.tuner.linear.weight.detach().float().T)
+            moved = moved - (moved @ basis) @ basis.T
+        # for unit vectors 1 - cos = |u - t|^2 / 2
+        return loss + self.params.preserve * (moved.square().sum(1) / 2).mean()
 
     def epoch(self, epoch: int, order: np.ndarray) -> tuple[list[float], float]:
         """One pass over ``order`` (row indices); the step losses and examples/s."""
