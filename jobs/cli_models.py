@@ -93,7 +93,7 @@ PreserveOpt = Annotated[
     float,
     typer.Option(
         "--preserve",
-        min=0.0,
+        min=0,  # "x>=0": a "0.0" would widen the column and truncate other help lines
         metavar="W",
         help="With --fine-tune: keep the base encoder's geometry with weight W (0 = off): "
         "the loss adds W x mean(1 - cosine to the base's vector of each training text), so "
