@@ -79,7 +79,7 @@ ModeOpt = Annotated[
         "--mode",
         metavar="hybrid|semantic|keyword",
         help="The ranking: semantic (embedding cosine), keyword (BM25 on the words), or "
-        "hybrid (both, by reciprocal rank fusion, k=60).",
+        "hybrid (both: 0.7 x the embedding's + 0.3 x the keyword's scaled scores).",
     ),
 ]
 

@@ -1,5 +1,5 @@
 """`docintel search`: the sentences of a committed run that best answer a query, ranked by
-``mode``: semantic (cosine), keyword (BM25) or hybrid (both fused by reciprocal rank
+``mode``: semantic (cosine), keyword (BM25) or hybrid (both fused by relative score
 fusion, the default; docintel.pipeline.search.keyword).
 
 The query is embedded by the embed stage's own code (:class:`~docintel.pipeline.stages.
