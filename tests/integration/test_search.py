@@ -226,16 +226,18 @@ def _named(hits: list[dict[str, Any]]) -> list[int]:
 
 
 def test_hybrid_finds_a_name_exactly_and_through_the_index(run_out: Path, tmp_path: Path) -> None:
-    """Issue 33 item 6: a keyword-only match is found by keyword and hybrid ranking and
-    missed by the embedding alone, on the exact scan and through the index (which now
-    holds a full-text index beside IVF-PQ); --json carries each hit's bm25."""
+    """Issue 33 item 6: a name in one sentence is found by keyword and hybrid ranking, on
+    the exact scan and through the index (which now holds a full-text index beside
+    IVF-PQ); --json carries each hit's bm25. (Whether the embedding alone finds it depends
+    on the encoder: the sentiment-only default of 2026-12-02 missed it, the default that
+    keeps the stock geometry finds it too; test_search_keyword checks that the keyword
+    ranking changes hybrid hits.)"""
     got = {m: search(str(run_out), [NAME], top=10, exact=True, mode=m) for m in MODES}
     assert _named(got["keyword"].hits[0]) == [0] and got["keyword"].hits[0][0]["bm25"] > 0
     assert len(got["keyword"].hits[0]) == 1  # no other sentence has the word
     # 0.3 from BM25 alone (relative score fusion): above every embedding hit whose cosine,
     # scaled over the top 10, is under 0.43; the 10th scores 0
     assert len(_named(got["hybrid"].hits[0])) == 1
-    assert _named(got["semantic"].hits[0]) == []  # the embedding alone misses it
     assert all(h["bm25"] is None for h in got["semantic"].hits[0])
     assert got["hybrid"].mode == "hybrid" and "hybrid ranking, exact scan" in got["hybrid"].note
     r = docintel("search", run_out, NAME, "--mode", "keyword", "--json", "--exact")
