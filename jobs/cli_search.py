@@ -185,15 +185,19 @@ def _print_tables(result: SearchResult) -> None:
                   show_edge=False, padding=(0, 1, 0, 0))  # fmt: skip
         t.add_column("#", justify="right", no_wrap=True)
         t.add_column("similarity", justify="right", no_wrap=True)
-        t.add_column("bm25", justify="right", no_wrap=True)
+        keyword = any(h.get("bm25") is not None for h in hits)  # else no bm25 column
+        if keyword:
+            t.add_column("bm25", justify="right", no_wrap=True)
         t.add_column("label", max_width=12, overflow="fold")
         t.add_column("score", justify="right", no_wrap=True)
         t.add_column("doc_id", overflow="fold", max_width=max(12, out.width // 5))
         t.add_column("sent", justify="right", no_wrap=True)
         t.add_column("text", overflow="fold", ratio=1)
         for n, h in enumerate(hits, 1):
+            bm25 = h.get("bm25")  # absent or null: not a keyword hit
             t.add_row(
-                str(n), f"{h['similarity']:.4f}", "" if h["bm25"] is None else f"{h['bm25']:.2f}",
+                str(n), f"{h['similarity']:.4f}",
+                *(["" if bm25 is None else f"{bm25:.2f}"] if keyword else []),
                 Text(safe(h["label"] or UNLABELLED)),
                 "" if h["score"] is None else f"{h['score']:.3f}",
                 Text(safe(h["doc_id"])), str(h["sent_index"]), Text(_one_line(h["text"])),
