@@ -143,7 +143,8 @@ VARIANTS = ((60, 1.0, 100), (60, 1.0, 20), (60, 1.0, 10), (10, 1.0, 100), (60, 0
 
 # relative score fusion (keyword.fuse_relative): the embedding's weight alpha; 0.7 is
 # Weaviate's and Haystack's default
-RELATIVE_ALPHAS = (0.7, 0.5)
+# (alpha, candidates per ranking); the first is what `docintel search` does for --top 10
+RELATIVE_VARIANTS = ((0.7, 10), (0.7, 100), (0.5, 10), (0.5, 100))
 
 
 def _weighted_rrf(dense: list[dict], keyword: list[dict], k: int, w: float, top: int) -> list:
@@ -177,9 +178,9 @@ def fusion_variants(
     for rrf_k, w, pool in VARIANTS:
         fused = [_weighted_rrf(d[:pool], kw[:pool], rrf_k, w, k) for d, kw in pairs]
         rows.append((f"RRF k={rrf_k}, keyword weight {w}, pool {pool}", *score(fused, queries, k)))
-    for alpha in RELATIVE_ALPHAS:
-        fused = [fuse_relative(d, kw, k, alpha) for d, kw in pairs]
-        rows.append((f"relative score, alpha {alpha}, pool 100", *score(fused, queries, k)))
+    for alpha, pool in RELATIVE_VARIANTS:
+        fused = [fuse_relative(d[:pool], kw[:pool], k, alpha) for d, kw in pairs]
+        rows.append((f"relative score, alpha {alpha}, pool {pool}", *score(fused, queries, k)))
     return rows
 
 
