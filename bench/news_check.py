@@ -8,7 +8,8 @@ Files: labelled CSV/Parquet with `text` and `label` (0 Bearish, 1 Bullish, 2 Neu
 the vendored data); default: the written news sentences (data/news_style_check) and the
 news-style slice of the tweets' validation split. Prints macro-F1 and accuracy per file,
 and how many documents the sentencizer split into more than one sentence (their
-`top_label` is the label of their highest-scoring sentence).
+`top_label` is the label of their highest-scoring sentence), and how many it left unlabelled
+(the language gate: counted as wrong).
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ def check(path: Path, model: str, work: Path) -> dict[str, float]:
     docs = ds.dataset(out / "documents", format="parquet").to_table().to_pydict()
     top = dict(zip(docs["doc_id"], docs["top_label"], strict=True))
     split = dict(zip(docs["doc_id"], docs["n_sentences"], strict=True))
-    pred = np.array([LABELS.index(top[i]) for i in ids])
-    m = metrics(np.array([int(v) for v in raw]), pred, LABELS)
+    gold = np.array([int(v) for v in raw])
+    # a document the run left unlabelled (e.g. the language gate) counts as wrong
+    none = np.array([top[i] is None for i in ids])
+    pred = np.array([LABELS.index(top[i]) if top[i] is not None else -1 for i in ids])
+    pred = np.where(none, (gold + 1) % len(LABELS), pred)
+    m = metrics(gold, pred, LABELS)
     return {
         "n": len(ids),
         "macro_f1": round(m["macro_f1"], 4),
         "accuracy": round(m["accuracy"], 4),
         "split_documents": sum(split[i] > 1 for i in ids),
+        "unlabelled": int(none.sum()),
     }
 
 
@@ -63,13 +69,14 @@ def main() -> None:
     ap.add_argument("--model", default="default", help="classifier folder, or default/stock")
     ap.add_argument("--files", nargs="+", type=Path, default=list(FILES))
     args = ap.parse_args()
-    print(f"| file | n | macro-F1 | accuracy | split documents |  (model: {args.model})")
-    print("|---|---:|---:|---:|---:|")
+    head = "| file | n | macro-F1 | accuracy | split documents | unlabelled |"
+    print(f"{head}  (model: {args.model})")
+    print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="news-check-") as tmp:
         for f in args.files:
             r = check(f, args.model, Path(tmp))
             print(f"| {f.name} | {r['n']} | {r['macro_f1']:.4f} | {r['accuracy']:.4f} | "
-                  f"{r['split_documents']} |", flush=True)  # fmt: skip
+                  f"{r['split_documents']} | {r['unlabelled']} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
