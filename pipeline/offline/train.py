@@ -15,6 +15,7 @@ are scored with it and their metrics and ECE go into ``metrics.json``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -288,6 +289,7 @@ class _Classes:
     names: list[str]
     train: np.ndarray
     hold: np.ndarray
+    added: np.ndarray | None = None  # True for the rows of the --add-data files
 
 
 def _classes(
@@ -301,6 +303,7 @@ def _classes(
     :func:`normalise_text` if ``normalise``), name the labels, number the classes and
     split off the hold-out (stratified over all the rows)."""
     texts, raw = load_labelled(data)
+    n_data = len(texts)
     for extra in more:
         t, r = load_labelled(extra)
         texts, raw = texts + t, raw + r
@@ -313,7 +316,8 @@ def _classes(
     index = {n: i for i, n in enumerate(names)}
     y = np.array([index[lb] for lb in labels], dtype=np.int64)
     tr, ho = stratified_split(y, HOLDOUT_FRACTION, seed)
-    return _Classes(texts, y, names, tr, ho)
+    added = np.arange(len(texts)) >= n_data if more else None
+    return _Classes(texts, y, names, tr, ho, added)
 
 
 def _fine_tune_encoder(
@@ -391,12 +395,35 @@ def joint_head(layer: dict[str, Any]) -> Any:
 
 
 def _fit_and_save(
-    x: np.ndarray, c: _Classes, out: Path, params: HeadParams, seed: int, curve: list[float]
+    x: np.ndarray,
+    c: _Classes,
+    out: Path,
+    params: HeadParams,
+    seed: int,
+    curve: list[float],
+    add_weight: float = 1.0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Fit the head, then :func:`_save_head`."""
+    """Fit the head (the --add-data rows weighing ``add_weight`` times a row of DATA,
+    within the classes' balanced weights), then :func:`_save_head`."""
     tr, ho, y = c.train, c.hold, c.y
-    model = fit_head(x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve)
+    weight = row_weights(c, add_weight)
+    model = fit_head(
+        x[tr], y[tr], x[ho], y[ho], len(c.names), params, seed, curve, sample_weight=weight
+    )
     return _save_head(model, x[ho], c, out)
+
+
+def row_weights(c: _Classes, add_weight: float) -> np.ndarray | None:
+    """The training rows' weights in the head's loss when the --add-data rows weigh
+    ``add_weight`` times a row of DATA: each class's balanced weight times
+    ``add_weight`` for an added row, scaled to mean 1; None (the plain balanced weights)
+    without added rows or at weight 1."""
+    if c.added is None or add_weight == 1.0:
+        return None
+    y = c.y[c.train]
+    weight = _balanced_sample_weights(y, len(c.names))
+    weight = weight * np.where(c.added[c.train], add_weight, 1.0)
+    return (weight / weight.mean()).astype(np.float32)
 
 
 def _save_head(
@@ -439,12 +466,14 @@ def _how_trained(
     more_data: Sequence[Path],
     layer: dict[str, Any] | None,
     tuned: dict[str, Any] | None,
+    add_weight: float = 1.0,
 ) -> dict[str, Any]:
     """The training record's optional keys: text normalisation, the added files, and for
     a kept layer what it was trained on and the scale its export folded in."""
     extra: dict[str, Any] = {NORMALISE_KEY: True} if normalise else {}
     if more_data:
         extra["more_data"] = [f.name for f in more_data]
+        extra["more_data_weight"] = add_weight
     if layer is not None and tuned is not None:
         cosine = tuned["params"]["cosine_scale"]
         trained_on = "unit vector" if cosine else "mean-pooled vector"
@@ -474,6 +503,7 @@ def train(
     normalise: bool = False,
     more_data: Sequence[Path] = (),
     languages: Sequence[str] = DEFAULT_HEAD_LANGUAGES,
+    add_weight: float = 1.0,
 ) -> dict[str, Any]:
     """Train a head on ``data`` and write the classifier folder ``out``; return metrics.
 
@@ -487,13 +517,17 @@ def train(
     ECE go into metrics.json). ``normalise``: the texts of ``data`` (training and
     hold-out, for the fine-tuning and the head) are rewritten by :func:`normalise_text`;
     texts at inference and ``score_on`` files are not.
-    ``more_data``: labelled files trained on with ``data`` (rows appended to its rows).
+    ``more_data``: labelled files trained on with ``data`` (rows appended to its rows);
+    ``add_weight``: the weight of their rows in the head's loss relative to a row of
+    ``data`` (the fine-tuning, if any, weighs every row alike).
     ``languages``: the ISO 639-1 codes of the texts' languages, recorded in training.json
     (``languages``): a run gives sentences in any other language a null label.
     """
     from docintel.pipeline.offline.finetune import JOINT_LAYER
 
     langs = head_languages({LANGUAGES_KEY: list(languages)}, "the head's languages")
+    if not (math.isfinite(add_weight) and add_weight > 0):
+        raise InputError(f"the added data's weight must be a positive number, not {add_weight}")
     params = params or HeadParams()
     t0 = time.perf_counter()
     c = _classes(data, label_names, seed, normalise, more_data)
@@ -510,13 +544,14 @@ def train(
         params = HeadParams(members=1, hidden=())  # what joint_head builds
         result, calibration = _save_head(joint_head(layer), x, c, out)
     else:
-        result, calibration = _fit_and_save(x, c, out, params, seed, curve)
+        result, calibration = _fit_and_save(x, c, out, params, seed, curve, add_weight)
     seconds = _seconds(tuned, t_embed, t0)
     record = _training_record(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
     record[CALIBRATION_KEY] = calibration
-    record |= _how_trained(normalise, more_data, layer, tuned) | {LANGUAGES_KEY: langs}
+    record |= _how_trained(normalise, more_data, layer, tuned, add_weight)
+    record[LANGUAGES_KEY] = langs
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result

@@ -219,11 +219,18 @@ def test_train_and_evaluate_small(tmp_path: Path) -> None:
     pd.read_csv(VALID_CSV).groupby("label").tail(10).to_csv(more, index=False)
     model = tmp_path / "clf"
     names = "Bearish,Bullish,Neutral"
-    r = docintel("train", data, "--out", model, "--label-names", names, "--add-data", more)
+    # --add-weight without --add-data, or not a positive number: refused before training
+    for bad in (["--add-weight", "3"], ["--add-data", more, "--add-weight", "0"]):
+        refused = docintel("train", data, "--out", model, "--label-names", names, *bad)
+        assert refused.returncode == 2 and "--add-weight" in refused.stderr, refused.stderr
+    assert not model.exists()
+    added = ["--add-data", more, "--add-weight", "3"]
+    r = docintel("train", data, "--out", model, "--label-names", names, *added)
     assert r.returncode == 0, r.stderr[-3000:]
     training = json.loads((model / "training.json").read_text())
     assert training["rows"] == 210 and training["holdout_rows"] == 21
     assert training["data"] == "small.parquet" and training["more_data"] == ["more.csv"]
+    assert training["more_data_weight"] == 3.0
     assert {"model.keras", "labels.json", "training.json", "metrics.json"} <= {
         p.name for p in model.iterdir()
     }

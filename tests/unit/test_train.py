@@ -18,6 +18,7 @@ from docintel.pipeline.offline.train import (
     load_labelled,
     metrics,
     normalise_text,
+    row_weights,
     stratified_split,
 )
 
@@ -193,3 +194,26 @@ def test_save_pinned_writes_the_same_bytes_for_the_same_head(tmp_path):
     back = keras.saving.load_model(tmp_path / "b.keras", compile=False)
     for want, got in zip(model.get_weights(), back.get_weights(), strict=True):
         np.testing.assert_array_equal(want, got)
+
+
+def test_row_weights_weigh_added_rows_within_the_balanced_class_weights(tmp_path):
+    data, more = tmp_path / "data.csv", tmp_path / "more.csv"
+    # DATA: 6 x "0", 3 x "1"; added: 3 x "1" (label ids as the vendored files)
+    data.write_text("text,label\n" + "".join(f"d{i},{0 if i < 6 else 1}\n" for i in range(9)))
+    more.write_text("text,label\n" + "".join(f"m{i},1\n" for i in range(3)))
+    c = _classes(data, ["neg", "pos"], seed=0, more=[more])
+    assert c.added is not None and c.added.tolist() == [False] * 9 + [True] * 3
+    assert row_weights(c, 1.0) is None  # the plain balanced weights
+    no_added = _classes(data, ["neg", "pos"], seed=0)
+    assert no_added.added is None and row_weights(no_added, 3.0) is None
+    w = row_weights(c, 3.0)
+    tr = c.train
+    y, added = c.y[tr], c.added[tr]
+    assert w is not None and len(w) == len(tr) and math.isclose(float(w.mean()), 1.0, rel_tol=1e-6)
+    # by hand: balanced class weight n / (2 * count), times 3 for an added row
+    counts = np.bincount(y, minlength=2)
+    want = len(y) / (2 * counts[y]) * np.where(added, 3.0, 1.0)
+    assert np.allclose(w, want / want.mean(), rtol=1e-6)
+    # an added "pos" row weighs three times a DATA "pos" row
+    pos = y == 1
+    assert np.allclose(w[pos & added] / w[pos & ~added][0], 3.0, rtol=1e-6)
