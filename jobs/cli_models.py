@@ -380,7 +380,8 @@ def _train_sentences(
     show: bool,
 ) -> None:
     """`train DATA`: a head on labelled sentences (``what``: head, method, epochs,
-    fine-tune, normalise-text, add-data, preserve), with the fine-tuning's progress bar."""
+    fine-tune, normalise-text, (add-data, add-weight), preserve), with the fine-tuning's
+    progress bar."""
     from docintel.pipeline.offline.train import train as do_train
 
     head, method, epochs, fine_tune, normalise_text, add_data, preserve = what
