@@ -490,6 +490,11 @@ def _seconds(tuned: dict[str, Any] | None, t_embed: float, t0: float) -> dict[st
     }
 
 
+def _check_add_weight(add_weight: float) -> None:
+    if not (math.isfinite(add_weight) and add_weight > 0):
+        raise InputError(f"the added data's weight must be a positive number, not {add_weight}")
+
+
 def train(
     data: Path,
     out: Path,
@@ -513,21 +518,17 @@ def train(
     and fits the head's temperature. With ``fine_tune.keep_layer`` (or
     ``fine_tune.cosine_scale`` > 0) the head is the fine-tuning's own linear layer
     (:func:`joint_head`), nothing is fitted after it, and only the hold-out is embedded.
-    ``score_on``: labelled files the written model is scored on too (their metrics and
-    ECE go into metrics.json). ``normalise``: the texts of ``data`` (training and
-    hold-out, for the fine-tuning and the head) are rewritten by :func:`normalise_text`;
-    texts at inference and ``score_on`` files are not.
-    ``more_data``: labelled files trained on with ``data`` (rows appended to its rows);
-    ``add_weight``: the weight of their rows in the head's loss relative to a row of
-    ``data`` (the fine-tuning, if any, weighs every row alike).
-    ``languages``: the ISO 639-1 codes of the texts' languages, recorded in training.json
-    (``languages``): a run gives sentences in any other language a null label.
+    ``score_on``: labelled files the written model is scored on too. ``normalise``: the
+    texts of ``data`` are rewritten by :func:`normalise_text` (not those of ``score_on``).
+    ``more_data``: labelled files trained on with ``data`` (rows appended to its rows),
+    each row weighing ``add_weight`` times one of ``data`` in the head's loss.
+    ``languages``: the ISO 639-1 codes of the texts' languages (training.json): a run gives
+    sentences in any other language a null label.
     """
     from docintel.pipeline.offline.finetune import JOINT_LAYER
 
     langs = head_languages({LANGUAGES_KEY: list(languages)}, "the head's languages")
-    if not (math.isfinite(add_weight) and add_weight > 0):
-        raise InputError(f"the added data's weight must be a positive number, not {add_weight}")
+    _check_add_weight(add_weight)
     params = params or HeadParams()
     t0 = time.perf_counter()
     c = _classes(data, label_names, seed, normalise, more_data)
@@ -549,9 +550,8 @@ def train(
     record = _training_record(
         data, c, embedder, int(x.shape[1]), params, seed, curve, seconds, tuned
     )
-    record[CALIBRATION_KEY] = calibration
-    record |= _how_trained(normalise, more_data, layer, tuned, add_weight)
-    record[LANGUAGES_KEY] = langs
+    extra = _how_trained(normalise, more_data, layer, tuned, add_weight)
+    record |= {CALIBRATION_KEY: calibration, **extra, LANGUAGES_KEY: langs}
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
     write_metrics(out, result, _scored_files(out, score_on or [], embed_cfg, c.names))
     return result
