@@ -360,7 +360,7 @@ def train(
     """
     langs = _languages(languages)
     _check_train_mode(data, descriptions, documents, fine_tune, add_data, normalise_text)
-    _check_add_weight(add_data, add_weight)
+    _check_add_weight(add_data, add_weight, head)
     how = _TrainRun(config, encoder, seed, score_on or [], (text_column, label_column), langs)
     if descriptions is not None or documents:
         _train_topics(data, out_dir, descriptions, documents, how)
@@ -404,13 +404,19 @@ def _train_sentences(
     print_calibration(out_dir)
 
 
-def _check_add_weight(add_data: list[Path] | None, add_weight: float) -> None:
-    """Refuse (exit 2) a --add-weight that is not a positive number, or one without
-    --add-data."""
+def _check_add_weight(add_data: list[Path] | None, add_weight: float, head: str) -> None:
+    """Refuse (exit 2) a --add-weight that is not a positive number, one without
+    --add-data, and one with --head joint (no head is fitted after its fine-tuning, which
+    weighs all rows alike)."""
     if not (math.isfinite(add_weight) and add_weight > 0):
         raise typer.BadParameter(f"--add-weight {add_weight}: give a positive number")
     if add_weight != 1.0 and not add_data:
         raise typer.BadParameter("--add-weight weighs the --add-data rows: give --add-data too")
+    if add_weight != 1.0 and head == "joint":
+        raise typer.BadParameter(
+            "--add-weight weighs rows in the head's loss; --head joint fits no head after "
+            "the fine-tuning, which weighs all rows alike: drop one of them"
+        )
 
 
 def _check_train_mode(

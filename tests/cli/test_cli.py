@@ -219,8 +219,10 @@ def test_train_and_evaluate_small(tmp_path: Path) -> None:
     pd.read_csv(VALID_CSV).groupby("label").tail(10).to_csv(more, index=False)
     model = tmp_path / "clf"
     names = "Bearish,Bullish,Neutral"
-    # --add-weight without --add-data, or not a positive number: refused before training
-    for bad in (["--add-weight", "3"], ["--add-data", more, "--add-weight", "0"]):
+    # --add-weight without --add-data, not a positive number, or with --head joint (which
+    # fits no head to weigh): refused before training
+    joint = ["--add-data", more, "--add-weight", "3", "--fine-tune", "--head", "joint"]
+    for bad in (["--add-weight", "3"], ["--add-data", more, "--add-weight", "0"], joint):
         refused = docintel("train", data, "--out", model, "--label-names", names, *bad)
         assert refused.returncode == 2 and "--add-weight" in refused.stderr, refused.stderr
     assert not model.exists()
