@@ -165,10 +165,12 @@ def build_report(
 
 
 def _empty_sections() -> dict[str, Any]:
-    """A night on which nothing was processed: every count is zero."""
+    """A night on which nothing was processed: every count is zero (the keys of a night
+    that ran, so that readers of report.json need no special case)."""
     return {
         "labels": [],
-        "counts": {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0},
+        "heads": [],
+        "counts": {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0, "unlabelled": 0},
         "documents_by_status": {},
         "label_distribution": {},
         "label_shares": {},

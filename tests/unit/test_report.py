@@ -336,10 +336,13 @@ def test_trend_has_one_point_per_audit(tmp_path: Path, headlines: list[str]) -> 
     assert "Only one audit so far" not in page
 
 
-def test_nothing_ran(tmp_path: Path) -> None:
+def test_nothing_ran(tmp_path: Path, run_root: Path) -> None:
     root = tmp_path / "audits" / "run_date=2026-03-05"  # not created: nothing was written
     rep = _report(tmp_path, root, audit=audit_dict("2026-03-05", ran=False))
-    assert rep["counts"] == {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0}
+    zeros = {"documents": 0, "sentences": 0, "errors": 0, "tokens": 0, "unlabelled": 0}
+    assert rep["counts"] == zeros and rep["heads"] == []
+    ran = _report(tmp_path, run_root)  # a night that ran: the same keys, at both levels
+    assert set(rep) == set(ran) and set(rep["counts"]) == set(ran["counts"])
     assert rep["top_risk"] == [] and rep["label_distribution"] == {}
     assert rep["trend"] == [
         {"date": "2026-03-05", "run_id": None, "ran": False, "documents": 0, "sentences": 0,
