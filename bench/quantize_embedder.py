@@ -188,6 +188,23 @@ class Result:
     rss: dict[str, float] = field(default_factory=dict)
 
 
+def fp32_weights() -> Path:
+    """The fp32 encoder's weights file; for a LoRA adapter folder (the shipped default),
+    its base's, which is what the merged encoder weighs in memory and on disk."""
+    from docintel.pipeline.stages.encoder_folder import adapter_base, is_adapter_dir
+
+    folder = EmbedConfig().resolved_model_path()
+    return (adapter_base(folder)[0] if is_adapter_dir(folder) else folder) / "model.safetensors"
+
+
+def default_head_name() -> str:
+    """The default head's folder, relative to the repository when it is inside it."""
+    from docintel.pipeline.config import ClassifyConfig
+
+    head = ClassifyConfig().resolved_model_dir().resolve()
+    return str(head.relative_to(REPO)) if head.is_relative_to(REPO) else str(head)
+
+
 def fp32_cfg() -> EmbedConfig:
     return EmbedConfig(torch_threads=THREADS)
 
@@ -308,12 +325,11 @@ def candidates(work: Path) -> list[Candidate]:
     def ort(file: str) -> Callable[[], Any]:
         return lambda: Int8Embedder(fp32_cfg(), work, threads=THREADS, model_file=file)
 
-    weights = EmbedConfig().resolved_model_path() / "model.safetensors"
     return [
         Candidate(
             "torch-fp32",
             "Embedder (PyTorch fp32), the reference",
-            weights,
+            fp32_weights(),
             lambda: Embedder(fp32_cfg()),
         ),
         *(Candidate(name, note, work / file, ort(file)) for name, note, file in ORT_CANDIDATES),
@@ -544,7 +560,7 @@ def table(results: list[Result], args: argparse.Namespace) -> str:
         f"sent_train.csv); speed: median of {args.rounds} alternating rounds of "
         f"{args.timing_sample} sentences, EmbedConfig batching (token_budget "
         f"{EmbedConfig().token_budget}, max_microbatch {EmbedConfig().max_microbatch}); "
-        "macro-F1 of models/finsent on sent_valid.csv.",
+        f"macro-F1 of the default head ({default_head_name()}) on sent_valid.csv.",
         "",
         "| candidate | sent/s (median) | speed vs fp32 (median of rounds) | cos mean | "
         "cos min | cos p1 | macro-F1 | F1 drop | labels changed | RSS loaded / peak MiB | "
