@@ -100,6 +100,16 @@ PreserveOpt = Annotated[
         "the tuned encoder still serves search, zero-shot and other heads (docs/models.md).",
     ),
 ]
+TopLayersOpt = Annotated[
+    int,
+    typer.Option(
+        "--top-layers",
+        min=0,
+        metavar="K",
+        help="With --fine-tune: only the encoder's top K transformer layers learn (0 = all); "
+        "the layers below keep the base's weights, and training is faster.",
+    ),
+]
 EpochsOpt = Annotated[
     int, typer.Option(min=1, metavar="N", help="With --fine-tune: epochs over the data.")
 ]
@@ -282,7 +292,7 @@ def _fine_tune_progress(show: bool) -> Progress:
 
 
 def _training_params(
-    head: str, method: str, epochs: int, fine_tune: bool, preserve: float = 0.0
+    head: str, method: str, epochs: int, fine_tune: bool, tuning: tuple[float, int] = (0.0, 0)
 ) -> tuple[Any, Any]:
     """The head's and the fine-tuning's parameters (None without --fine-tune) for the
     options; a bad combination is a usage error."""
@@ -293,8 +303,11 @@ def _training_params(
         raise typer.BadParameter(f"--method {method!r}: expected 'lora' or 'full'")
     if head not in ("mlp", "linear", "joint", "cosine"):
         raise typer.BadParameter(f"--head {head!r}: expected 'mlp', 'linear', 'joint' or 'cosine'")
+    preserve, top_layers = tuning
     if preserve and not fine_tune:
         raise typer.BadParameter("--preserve keeps the geometry while fine-tuning: add --fine-tune")
+    if top_layers and not fine_tune:
+        raise typer.BadParameter("--top-layers chooses what the fine-tuning tunes: add --fine-tune")
     if head in ("joint", "cosine") and not fine_tune:
         raise typer.BadParameter(f"--head {head} is trained with the encoder: add --fine-tune")
     one_layer = head in ("linear", "joint", "cosine")
@@ -308,6 +321,7 @@ def _training_params(
         cosine_scale=scale,
         keep_layer=head == "joint",
         preserve=preserve,
+        top_layers=top_layers,
     )
 
 
@@ -321,6 +335,7 @@ def train(
     method: MethodOpt = "lora",
     epochs: EpochsOpt = 2,
     preserve: PreserveOpt = 0.0,
+    top_layers: TopLayersOpt = 0,
     encoder: EncoderOpt = None,
     head: HeadOpt = "mlp",
     score_on: ScoreOnOpt = None,
@@ -367,7 +382,8 @@ def train(
         return
     assert data is not None  # _check_train_mode
     show = progress and (sys.stderr.isatty() or bool(os.environ.get(PROGRESS_ENV)))
-    what = (head, method, epochs, fine_tune, normalise_text, (add_data or [], add_weight), preserve)
+    tuning = (preserve, top_layers)
+    what = (head, method, epochs, fine_tune, normalise_text, (add_data or [], add_weight), tuning)
     _train_sentences(data, out_dir, how, _names(label_names), what, show)
 
 
@@ -376,18 +392,18 @@ def _train_sentences(
     out_dir: Path,
     how: _TrainRun,
     label_names: list[str] | None,
-    what: tuple[str, str, int, bool, bool, tuple[list[Path], float], float],
+    what: tuple[str, str, int, bool, bool, tuple[list[Path], float], tuple[float, int]],
     show: bool,
 ) -> None:
     """`train DATA`: a head on labelled sentences (``what``: head, method, epochs,
-    fine-tune, normalise-text, (add-data, add-weight), preserve), with the fine-tuning's
-    progress bar."""
+    fine-tune, normalise-text, (add-data, add-weight), (preserve, top-layers)), with the
+    fine-tuning's progress bar."""
     from docintel.pipeline.offline.train import train as do_train
 
-    head, method, epochs, fine_tune, normalise_text, add_data, preserve = what
+    head, method, epochs, fine_tune, normalise_text, add_data, tuning = what
     t0 = time.perf_counter()
     try:
-        head_params, params = _training_params(head, method, epochs, fine_tune, preserve)
+        head_params, params = _training_params(head, method, epochs, fine_tune, tuning)
         embed = _embed_cfg(load_config(how.config).embed, how.encoder)
         with _fine_tune_progress(show) as bar:
             if params is None:

@@ -106,6 +106,10 @@ class FineTuneParams:
     # with preserve: the drift is measured outside the span of the linear layer's class
     # directions (n_classes of the hidden size), which the encoder may use freely
     preserve_free: bool = False
+    # > 0: only the encoder's top K transformer layers learn (LoRA: adapters on their
+    # linear layers alone; full: the other weights frozen): the layers below keep the
+    # base's weights, so a branch (the base's vector and the tuned one) can share them
+    top_layers: int = 0
     device: str = "cpu"  # "cuda": train on the GPU (not bitwise the CPU's result)
 
     def lr(self) -> float:
@@ -248,6 +252,46 @@ class _Tuner:
         self.linear.train(on)
 
 
+def _hidden_layers(encoder: Any, top: int) -> tuple[str, Any]:
+    """The name and the module list of the encoder's transformer layers (the list with
+    ``num_hidden_layers`` entries: ``encoder.layer`` in a BERT); ``top`` is checked
+    against their number."""
+    import torch
+
+    n = int(encoder.config.num_hidden_layers)
+    if not 0 < top <= n:
+        raise ModelError(f"top_layers {top}: the encoder has {n} transformer layers (1-{n})")
+    for name, module in encoder.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return name, module
+    raise ModelError(f"found no list of {n} transformer layers in {type(encoder).__name__}")
+
+
+def _lora_targets(encoder: Any, top: int) -> dict[str, Any]:
+    """LoraConfig's target arguments: every linear layer but the pooler's; with ``top``,
+    those of the top ``top`` transformer layers only (peft needs their names listed)."""
+    import torch
+
+    if not top:  # attention q/k/v/output and both FFN projections; the pooler is unused
+        return {"target_modules": "all-linear", "exclude_modules": r".*pooler.*"}
+    name, layers = _hidden_layers(encoder, top)
+    linear = {n for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)}
+    n = len(layers)
+    return {
+        "target_modules": sorted(linear),
+        "layers_to_transform": list(range(n - top, n)),
+        "layers_pattern": name.rsplit(".", 1)[-1],
+    }
+
+
+def _freeze_below(encoder: Any, top: int) -> None:
+    """Full fine-tuning of the top ``top`` layers: every other weight stops learning."""
+    _, layers = _hidden_layers(encoder, top)
+    learning = {id(p) for layer in layers[len(layers) - top :] for p in layer.parameters()}
+    for p in encoder.parameters():
+        p.requires_grad_(id(p) in learning)
+
+
 def _with_lora(encoder: Any, params: FineTuneParams, base_ref: str) -> Any:
     from peft import LoraConfig, get_peft_model
 
@@ -255,9 +299,8 @@ def _with_lora(encoder: Any, params: FineTuneParams, base_ref: str) -> Any:
         r=params.lora_rank,
         lora_alpha=params.lora_alpha,
         lora_dropout=params.lora_dropout,
-        target_modules="all-linear",  # attention q/k/v/output and both FFN projections
-        exclude_modules=r".*pooler.*",  # unused: the embed stage mean-pools
         bias="none",
+        **_lora_targets(encoder, params.top_layers),
     )
     with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6
         warnings.simplefilter("ignore", FutureWarning)
@@ -397,6 +440,8 @@ def _build_loop(
     base_ref = base_reference(base)
     if params.method == "lora":
         encoder = _with_lora(encoder, params, base_ref)
+    elif params.top_layers:
+        _freeze_below(encoder, params.top_layers)
     pad = tokenizer.pad_token_id or 0
     tuner = _Tuner(encoder, len(names), pad, seed, params.cosine_scale, params.device)
     counts = np.bincount(y[train_idx], minlength=len(names))

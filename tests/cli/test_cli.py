@@ -225,6 +225,9 @@ def test_train_and_evaluate_small(tmp_path: Path) -> None:
     for bad in (["--add-weight", "3"], ["--add-data", more, "--add-weight", "0"], joint):
         refused = docintel("train", data, "--out", model, "--label-names", names, *bad)
         assert refused.returncode == 2 and "--add-weight" in refused.stderr, refused.stderr
+    for option in ("--top-layers", "--preserve"):  # what to tune needs --fine-tune
+        refused = docintel("train", data, "--out", model, "--label-names", names, option, "2")
+        assert refused.returncode == 2 and "--fine-tune" in refused.stderr, refused.stderr
     assert not model.exists()
     added = ["--add-data", more, "--add-weight", "3"]
     r = docintel("train", data, "--out", model, "--label-names", names, *added)

@@ -332,3 +332,37 @@ def test_preserve_keeps_the_stock_geometry(tmp_path: Path) -> None:
     assert drift[50.0, False] < drift[0.0, False] / 2, drift  # measured: 0.019 vs 0.057
     # the class directions exempt from the term: still well under no term at all
     assert drift[50.0, True] < drift[0.0, False], drift
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_top_layers_tunes_only_the_top_layers(tmp_path: Path, method: str) -> None:
+    """--top-layers K: the merged encoder differs from the stock MiniLM in its top K
+    transformer layers only (every weight below, embeddings included, is the base's),
+    and it did learn (its vectors moved); K beyond the encoder's layers is refused."""
+    from docintel.pipeline.stages.encoder_folder import load_encoder
+
+    texts, labels = load_labelled(tiny_labelled(tmp_path / "tiny.csv", per_class=8))
+    index = {n: i for i, n in enumerate(LABEL_NAMES)}
+    y = np.array([index[v] for v in apply_label_names(labels, LABEL_NAMES)])
+    train_idx, hold_idx = stratified_split(y, 0.25, 0)
+    out = tmp_path / "encoder"
+    params = FineTuneParams(method=method, epochs=1, batch_size=8, learning_rate=5e-3, top_layers=2)
+    record = fine_tune(texts, y, train_idx, hold_idx, LABEL_NAMES, stock_encoder_dir(), out, params)
+    assert record["params"]["top_layers"] == 2
+    if method == "lora":
+        config = json.loads((out / ADAPTER_CONFIG_FILE).read_text())
+        assert config["layers_to_transform"] == [4, 5] and config["layers_pattern"] == "layer"
+    stock = load_encoder(stock_encoder_dir()).state_dict()
+    tuned = load_encoder(out).state_dict()
+    if method == "full":  # written as fp16: compare with the base's weights rounded alike
+        stock = {k: v.half().float() for k, v in stock.items()}
+    changed = {k for k in stock if not np.allclose(stock[k].numpy(), tuned[k].float().numpy())}
+    layers = {int(m.group(1)) for k in changed if (m := re.search(r"encoder\.layer\.(\d+)\.", k))}
+    assert changed and layers == {4, 5}, sorted(changed)[:5]
+    assert all(re.search(r"encoder\.layer\.[45]\.", k) for k in changed), sorted(changed)
+    assert _drift(out, TEXTS) > 1e-4
+    with pytest.raises(ModelError, match="6 transformer layers"):
+        fine_tune(
+            texts, y, train_idx, hold_idx, LABEL_NAMES, stock_encoder_dir(), tmp_path / "x",
+            FineTuneParams(epochs=1, batch_size=8, top_layers=7),
+        )  # fmt: skip
