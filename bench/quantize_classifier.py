@@ -72,7 +72,7 @@ from docintel.pipeline.offline.quantize import (  # noqa: E402 - the shipped rec
     keras_head_to_onnx,
     quantize_classifier_onnx,
 )
-from docintel.pipeline.run.layout import CLASSIFY_THREADS  # noqa: E402 (after the sys.path fix above)
+from docintel.pipeline.registry import CLASSIFY_THREADS  # noqa: E402 (after the sys.path fix above)
 from docintel.pipeline.schema import EMBEDDING  # noqa: E402
 from docintel.pipeline.stages.classify import (  # noqa: E402
     Classifier,
