@@ -68,14 +68,16 @@ class DeltaSink(WarehouseSink):
             )
 
     def _check_tables(self) -> None:
-        """Refuse (exit 2) existing tables that lack a column this run writes."""
+        """Refuse (exit 2) existing tables that lack a column this run writes without
+        nulls; the nullable ones (a head added since, for example) are added by the first
+        append (schema merge: older rows read them as null)."""
         from deltalake import DeltaTable
 
         for name, schema in self.expected_schemas().items():
             if not self._exists(name):
                 continue
             have = set(DeltaTable(self.path(name)).schema().to_arrow().names)
-            missing = [f.name for f in schema if f.name not in have]
+            missing = [f.name for f in schema if f.name not in have and not f.nullable]
             if missing:
                 raise UsageError(
                     f"{self.table_name(name)} does not fit this run: column {missing[0]!r} is "
@@ -145,6 +147,7 @@ class DeltaSink(WarehouseSink):
                 self.path(table),
                 data,
                 mode="append",
+                schema_mode="merge",  # adds this run's new nullable columns (_check_tables)
                 commit_properties=CommitProperties(custom_metadata=props),
                 writer_properties=WriterProperties(compression="ZSTD"),
             )

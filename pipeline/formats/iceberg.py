@@ -94,6 +94,8 @@ def _schema_difference(table: Any, want: pa.Schema) -> str | None:
         try:
             got = have.find_field(f.name)
         except ValueError:
+            if not f.required:  # added to the table before the first append (_evolved)
+                continue
             return f"column {f.name!r} is missing (docintel writes {f.field_type})"
         if str(got.field_type) != str(f.field_type):
             return f"column {f.name!r} is {got.field_type}, docintel writes {f.field_type}"
@@ -237,12 +239,34 @@ class IcebergSink(WarehouseSink):
         schema of the rows: a sentences table gets its embedding and user columns)."""
         table = self._load(name)
         if table is not None:
-            return table
+            return self._evolved(name, table, schema)
         cat = self.catalog(create=True)
         assert cat is not None
         return cat.create_table_if_not_exists(
             self.ident(name), schema=schema, properties=TABLE_PROPERTIES
         )
+
+    def _evolved(self, name: str, table: Table, schema: pa.Schema) -> Table:
+        """``table`` with the columns of ``schema`` it lacks added (Iceberg schema
+        evolution: its older rows read them as null), e.g. the columns of a head added to
+        the run since the table was made; ``_check_tables`` has refused anything else. A
+        concurrent run's schema commit wins the race: reload and add what is still
+        missing, once."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        for attempt in (1, 2):
+            have = {f.name for f in table.schema().fields}
+            new = [f for f in schema if f.name not in have and f.nullable]
+            if not new:
+                return table
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(pa.schema(new))
+            except CommitFailedException:
+                if attempt == 2:
+                    raise
+            table = self._load(name) or table
+        return table
 
     def _snapshots(self, table: Table | None) -> list[Any]:
         if table is None:

@@ -144,3 +144,41 @@ def test_two_extra_heads_on_logical_gpu_pools_and_int8_spill(
     assert set(sents.classify_backend) == {"gpu-sim", "cpu-int8"}
     _check_heads(docs, sents)
     assert docs.topic_score.dtype == np.float32 and sents.old_score.dtype == np.float32
+
+
+def _warehouse_tables(out: Path, fmt: str) -> dict[str, pd.DataFrame]:
+    """The tables as a reader of the warehouse loads them (docs/output-formats.md)."""
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return {t: DeltaTable(str(out / t)).to_pandas() for t in ("documents", "sentences")}
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog("docintel", uri=f"sqlite:///{out}/_catalog.db", warehouse=f"file://{out}")
+    return {
+        t: cat.load_table(f"docintel.{t}").scan().to_pandas() for t in ("documents", "sentences")
+    }
+
+
+@pytest.mark.parametrize("fmt", ["iceberg", "delta"])
+def test_a_head_added_later_adds_its_columns_to_a_warehouse(
+    tmp_path: Path, headlines: list[str], heads: dict[str, str], fmt: str
+) -> None:
+    """A run with extra heads into Iceberg or Delta tables an earlier run without them
+    made: the tables gain the heads' columns (null on the earlier run's rows) instead of
+    refusing the run."""
+    inp, ids = _corpus(tmp_path, headlines, 6)
+    later_ids = [f"n{i}" for i in range(6)]
+    later_inp = write_docs(tmp_path / "later.parquet", later_ids, headlines[20:26])
+    out = tmp_path / "wh"
+    execute(run_config(**{"run.run_id": "before", "output.format": fmt}), str(inp), str(out))
+    later = {"run.run_id": "after", "output.format": fmt, "classify.heads": heads}
+    execute(run_config(**later), str(later_inp), str(out))
+    tables = _warehouse_tables(out, fmt)
+    assert sorted(tables["documents"].doc_id) == sorted([*ids, *later_ids])
+    for table, rows in tables.items():
+        assert set(HEAD_COLUMNS) <= set(rows.columns), (table, list(rows.columns))
+        after = rows.doc_id.isin(later_ids)
+        assert after.sum() >= 6 and (~after).sum() >= 6, table
+        assert rows.loc[~after, HEAD_COLUMNS].isna().all().all(), table  # earlier: null
+        assert rows.loc[after, HEAD_COLUMNS].notna().all().all(), table
